@@ -1,0 +1,6 @@
+#pragma once
+
+namespace graphdecode {
+// "MAJOR.MINOR.PATCH" of the library that was linked.
+const char* version();
+}  // namespace graphdecode

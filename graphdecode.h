@@ -1,0 +1,13 @@
+// Umbrella header: everything a program embedding graphdecode needs.
+#pragma once
+
+#include "common/buffers.h"
+#include "common/cuda_check.h"
+#include "common/device.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/request_rules.h"
+#include "common/stream.h"
+#include "common/version.h"
+#include "memory/kv_layout.h"
+#include "memory/page_allocator.h"

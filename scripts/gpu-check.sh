@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The device machine's full check: configure + build with ninja, run every test (GPU tests must
+# run, not skip), compute-sanitizer over every GPU test binary, then the benchmarks.
+# Full logs go under $OUT (default ./gpu-out); a summary table is printed last.
+#
+#   scripts/gpu-check.sh                 # everything
+#   GD_STAGES="build test" scripts/gpu-check.sh
+#   GD_SANITIZE_TOOLS="memcheck racecheck initcheck"   (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+STAGES=${GD_STAGES:-"build test sanitize bench"}
+TOOLS=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
+BUILD=build-gpu
+export PATH=/usr/local/cuda/bin:$PATH
+export GRAPHDECODE_REQUIRE_GPU=1
+declare -a SUMMARY
+note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+note "device" "$(head -1 "$OUT/gpu.txt")"
+
+if has build; then
+  start=$(date +%s)
+  if cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      > "$OUT/configure.log" 2>&1 && cmake --build $BUILD -j 16 > "$OUT/build.log" 2>&1; then
+    note "build" "ok ($(( $(date +%s) - start )) s)"
+  else
+    note "build" "FAILED (see build.log)"; tail -40 "$OUT/build.log"; printf '%s\n' "${SUMMARY[@]}"; exit 1
+  fi
+fi
+
+status=0
+if has test; then
+  ctest --test-dir $BUILD -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1 || status=1
+  line=$(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)
+  skipped=$(grep -c '\*\*\*Skipped\|Not Run (Skipped)' "$OUT/ctest.log" || true)
+  note "ctest (all)" "$line; skipped: $skipped"
+  grep -E '\*\*\*Failed|\*\*\*Exception|Timeout' "$OUT/ctest.log" | head -20
+fi
+
+if has sanitize; then
+  while read -r bin; do
+    [ -x "$bin" ] || continue
+    name=$(basename "$bin")
+    for tool in $TOOLS; do
+      log="$OUT/sanitize-$tool.log"
+      echo "=== $name ($tool)" >> "$log"
+      GRAPHDECODE_SANITIZE=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        "$bin" --gtest_brief=1 >> "$log" 2>&1
+      rc=$?
+      errs=$(tac "$log" | sed '/^=== /q' | grep -oE 'ERROR SUMMARY: [0-9]+' | head -1 | grep -oE '[0-9]+')
+      [ $rc -ne 0 ] && status=1
+      note "$tool $name" "rc=$rc errors=${errs:-?}"
+    done
+  done < $BUILD/gpu_tests.txt
+fi
+
+if has bench; then
+  for b in $BUILD/bench/bench_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    if "$b" --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1; then
+      note "bench $name" "ok"
+    else
+      note "bench $name" "FAILED"; status=1
+    fi
+    cat "$OUT/$name.txt"
+  done
+fi
+
+echo
+echo "================ gpu-check summary ================"
+printf '%s\n' "${SUMMARY[@]}"
+exit $status
