@@ -1,0 +1,111 @@
+// Paged attention: one kernel family for decode, extend (prefill with prefix), target-verify,
+// draft-extend-v2 and cross-attention, with the sliding-window rule and split-KV + LSE merge.
+//
+// Plan/run split (FlashInfer style), graph-safe by construction:
+//   * Construction validates the configuration (head dim, dtype, group size, capacities) and
+//     allocates every buffer it will ever use (work list, partial outputs) sized for capacity.
+//   * run() reads lengths, extents, windows and page tables from DEVICE memory only. A tiny
+//     device-side planner turns them into a work list; the attention kernel's grid is sized from
+//     capacity and blocks past the work list exit at once; a merge kernel combines split-KV
+//     partials in a fixed order. No host sync, no allocation: run() can be captured in a graph and
+//     replayed with any batch that fits the capacity.
+//
+// Semantics (DESIGN.md, common/request_rules.h):
+//   causal: request r has q_len = q_start[r+1] - q_start[r] new tokens and kv_len[r] = prefix +
+//           extend keys (the new tokens' K/V already written to the cache). Its i-th query sits at
+//           position kv_len - q_len + i and sees keys key_visible(pos, k, window_left), k < kv_len.
+//   cross:  request r's queries see all kv_len[r] (= its encoder length) keys; no mask, no window.
+// Deterministic mode: KV is split at absolute key positions into chunks of `split_tokens` and
+// partials merge in chunk order, so a request's output is bitwise independent of the batch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/buffers.h"
+#include "common/dtype.h"
+#include "memory/kv_layout.h"
+
+namespace graphdecode {
+
+enum class AttentionMode : std::uint8_t { kCausal = 0, kCross = 1 };
+
+// Per-step batch description. Every pointer is DEVICE memory, so a captured graph reads whatever
+// the prep kernels wrote there at replay.
+struct AttentionBatch {
+  const std::int32_t* num_requests = nullptr;  // [1] live requests; rows past it are ignored
+  const std::int32_t* slot = nullptr;          // [max_batch] page-table row of each request
+  const std::int32_t* q_start = nullptr;       // [max_batch + 1] cu_seqlens of the query tokens
+  const std::int32_t* kv_len = nullptr;  // [max_batch] causal: prefix + extend; cross: encoder len
+  const std::int32_t* window_left = nullptr;  // [1] this layer's window_left (< 0 = full);
+                                              // nullptr = full. Ignored in cross mode.
+};
+
+struct AttentionConfig {
+  std::int32_t num_q_heads = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;  // 64, 128 or 256
+  DType dtype = DType::kBF16;
+  AttentionMode mode = AttentionMode::kCausal;
+  std::int32_t max_batch = 0;     // capacity: requests per call
+  std::int32_t max_q_tokens = 0;  // capacity: query tokens per call (sum over requests)
+  std::int32_t max_kv_len = 0;    // capacity: longest KV extent (or encoder length)
+  bool deterministic = false;     // batch-invariant split-KV
+  std::int32_t split_tokens = 0;  // deterministic chunk size in keys; 0 = library default.
+                                  // Must be a multiple of the kernel's KV tile (64).
+  float sm_scale = 0.f;           // 0 = 1/sqrt(head_dim)
+};
+
+class PagedAttention {
+ public:
+  // Throws graphdecode::Error naming the field for an unsupported head dim, dtype, group size
+  // (num_q_heads % num_kv_heads != 0 or group > 16), or non-positive capacities.
+  explicit PagedAttention(const AttentionConfig& config);
+
+  // q:   [total_q][num_q_heads][head_dim] (dtype), rows q_start[0] .. q_start[num_requests]-1
+  // out: [total_q][num_q_heads][head_dim] (dtype); every live row is written
+  // lse: [total_q][num_q_heads] float (natural log of the softmax denominator, scaled scores), or
+  //      nullptr. A query row that sees no key gets out = 0 and lse = -inf.
+  // kv:  the layer's paged K/V; kv.page_table rows are indexed by batch.slot.
+  void run(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out,
+           float* lse, cudaStream_t stream) const;
+
+  const AttentionConfig& config() const noexcept { return config_; }
+  std::size_t workspace_bytes() const noexcept;
+  std::int32_t split_tokens() const noexcept { return split_tokens_; }
+
+ private:
+  AttentionConfig config_;
+  std::int32_t split_tokens_ = 0;   // effective deterministic chunk size
+  std::int32_t max_chunks_ = 0;     // chunks per request at most
+  std::int32_t max_work_ = 0;       // work-list capacity
+  std::int64_t max_partials_ = 0;   // partial (row, head, chunk) capacity
+  DeviceBuffer<int4> work_;         // [max_work] planned work items
+  DeviceBuffer<std::int32_t> plan_; // planner scratch: counts and per-request offsets
+  DeviceBuffer<float> partial_o_;   // [max_partials][head_dim]
+  DeviceBuffer<float> partial_lse_; // [max_partials]
+};
+
+// Merges two partial attention states over disjoint key sets (e.g. a shared prefix and a suffix):
+//   out = (exp(lse_a) * o_a + exp(lse_b) * o_b) / (exp(lse_a) + exp(lse_b)),  lse = log-sum-exp.
+// o_a, o_b, out: [rows][num_heads][head_dim] (dtype); lse_a, lse_b, lse_out: [rows][num_heads].
+// A state with lse = -inf contributes nothing. lse_out may be nullptr. rows is read from device
+// memory (`num_rows` [1]) so the merge captures in a graph; max_rows sizes the grid.
+struct MergeStatesArgs {
+  const void* o_a = nullptr;
+  const float* lse_a = nullptr;
+  const void* o_b = nullptr;
+  const float* lse_b = nullptr;
+  void* out = nullptr;
+  float* lse_out = nullptr;
+  const std::int32_t* num_rows = nullptr;  // [1] device
+  std::int32_t max_rows = 0;
+  std::int32_t num_heads = 0;
+  std::int32_t head_dim = 0;
+  DType dtype = DType::kBF16;
+};
+void merge_attention_states(const MergeStatesArgs& args, cudaStream_t stream);
+
+}  // namespace graphdecode
