@@ -69,8 +69,8 @@ class PagedAttention {
   // lse: [total_q][num_q_heads] float (natural log of the softmax denominator, scaled scores), or
   //      nullptr. A query row that sees no key gets out = 0 and lse = -inf.
   // kv:  the layer's paged K/V; kv.page_table rows are indexed by batch.slot.
-  void run(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out,
-           float* lse, cudaStream_t stream) const;
+  void run(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out, float* lse,
+           cudaStream_t stream) const;
 
   const AttentionConfig& config() const noexcept { return config_; }
   std::size_t workspace_bytes() const noexcept;
@@ -78,14 +78,14 @@ class PagedAttention {
 
  private:
   AttentionConfig config_;
-  std::int32_t split_tokens_ = 0;   // effective deterministic chunk size
-  std::int32_t max_chunks_ = 0;     // chunks per request at most
-  std::int32_t max_work_ = 0;       // work-list capacity
-  std::int64_t max_partials_ = 0;   // partial (row, head, chunk) capacity
-  DeviceBuffer<int4> work_;         // [max_work] planned work items
-  DeviceBuffer<std::int32_t> plan_; // planner scratch: counts and per-request offsets
-  DeviceBuffer<float> partial_o_;   // [max_partials][head_dim]
-  DeviceBuffer<float> partial_lse_; // [max_partials]
+  std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
+  std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs
+  std::int64_t max_chunks_ = 0;      // chunks per request at most
+  std::int64_t max_work_ = 0;        // work-list capacity = attention grid size
+  std::int64_t max_partials_ = 0;    // partial (token, head, chunk) capacity
+  DeviceBuffer<std::int32_t> plan_;  // [7 * max_batch + 1] per-request plan (attn::PlanView)
+  DeviceBuffer<float> partial_o_;    // [max_partials][head_dim]
+  DeviceBuffer<float> partial_lse_;  // [max_partials]
 };
 
 // Merges two partial attention states over disjoint key sets (e.g. a shared prefix and a suffix):

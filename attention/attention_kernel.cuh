@@ -1,0 +1,386 @@
+// The paged attention kernel: one CTA = one work item (request, KV head, query tile, KV chunk).
+//
+// Two layouts in one kernel, chosen per tile from the request's own shape (so batch-invariant):
+//   decode layout (tile rows <= 16): the 4 warps share the 16 query rows and split every 64-key
+//     tile into 4 x 16 keys; their states merge through shared memory in warp order at the end.
+//   extend layout (more rows): each warp owns 16 of 64 query rows and sweeps all keys.
+// Rows are (token, head-in-group) pairs: GQA heads that share a KV head share every K/V load.
+// K/V tiles stream through a cp.async pipeline (kStages deep) with 16-byte zero-filling copies;
+// keys outside the item's span are never read, so released (kInvalidPage) pages are never touched.
+// Scores and P.V run on mma.sync m16n8k16 with fp32 accumulation; online softmax in the log2
+// domain. A request with one chunk writes `out`/`lse` directly; split requests write fp32
+// partials that merge_partials_kernel combines in chunk order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "attention/attention_params.cuh"
+#include "attention/mma_utils.cuh"
+#include "common/request_rules.h"
+
+namespace graphdecode::attn {
+
+template <int kHeadDim>
+struct TileConfig {
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kQElems = kMaxRows * kHeadDim;
+  static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
+  static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
+  // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
+  static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
+};
+
+// What one CTA works on, decoded from its work-item index.
+struct WorkItem {
+  int request, kv_head, chunk;
+  int tok0, tokens;  // query tokens [tok0, tok0 + tokens) of the request
+  int rows;          // tokens * group
+  int q_begin;       // first query row of the request in q / out
+  int q_len;
+  int kv_len;
+  int kb, ke;        // keys [kb, ke) this item may read
+  int pos0;          // position of token tok0 (causal); unused in cross mode
+  int window;
+  bool split;        // write partials instead of out
+  int part_off;
+};
+
+__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w) {
+  const int n = read_num_requests(p.batch, p.max_batch);
+  if (item >= p.plan.item_start[n]) return false;
+  int lo = 0, hi = n - 1;  // last request whose item_start <= item
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.plan.item_start[mid] <= item) lo = mid; else hi = mid - 1;
+  }
+  const int r = lo;
+  const int tiles = p.plan.num_tiles[r];
+  const int chunks = p.plan.num_chunks[r];
+  if (tiles == 0 || chunks == 0) return false;
+  const int local = item - p.plan.item_start[r];
+  if (local >= tiles * chunks * p.kv.num_kv_heads) return false;
+  w.request = r;
+  w.chunk = local % chunks;
+  const int tile = (local / chunks) % tiles;
+  w.kv_head = local / (chunks * tiles);
+  w.q_begin = p.batch.q_start[r];
+  w.q_len = p.batch.q_start[r + 1] - w.q_begin;
+  w.kv_len = p.batch.kv_len[r];
+  const bool decode_layout = w.q_len * p.group <= kDecodeRows;
+  const int tpt = decode_layout ? w.q_len : p.tokens_per_tile;
+  w.tok0 = tile * tpt;
+  w.tokens = min(tpt, w.q_len - w.tok0);
+  w.rows = w.tokens * p.group;
+  w.window = read_window(p.batch, p.causal);
+  w.split = chunks > 1;
+  w.part_off = p.plan.part_off[r];
+
+  // Keys of this chunk, then narrowed to what this tile's queries can see.
+  const int first = p.plan.first_key[r];
+  const int end = p.plan.key_end[r];
+  const int size = p.plan.chunk_size[r];
+  w.kb = 0;
+  w.ke = 0;
+  w.pos0 = p.causal ? w.kv_len - w.q_len + w.tok0 : 0;
+  if (end > first) {
+    const int c = first / size + w.chunk;
+    w.kb = max(first, c * size);
+    w.ke = min(end, (c + 1) * size);
+    if (p.causal) {
+      w.kb = max(w.kb, first_visible_key(w.pos0, w.window));
+      w.ke = min(w.ke, w.pos0 + w.tokens);  // the tile's last query sees up to its own position
+    }
+  }
+  return true;
+}
+
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
+                                             T* sK, T* sV) {
+  using C = TileConfig<kHeadDim>;
+  const int slot = p.batch.slot[w.request];
+  const T* K = static_cast<const T*>(p.kv.k);
+  const T* V = static_cast<const T*>(p.kv.v);
+  for (int i = threadIdx.x; i < kBlockN * C::kChunksPerRow; i += kThreads) {
+    const int row = i / C::kChunksPerRow;
+    const int ch = i % C::kChunksPerRow;
+    const int key = key0 + row;
+    bool valid = key >= w.kb && key < w.ke;
+    std::int64_t off = 0;
+    if (valid) {
+      const int page = page_of_token(p.kv, slot, key);
+      valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
+      off = kv_element_offset(p.kv, page, w.kv_head, key % p.kv.page_size) + ch * 8;
+    }
+    const int s = swizzled_offset<kHeadDim>(row, ch);
+    cp_async_16(sK + s, K + off, valid);
+    cp_async_16(sV + s, V + off, valid);
+  }
+}
+
+// Writes one finished row (normalized o, lse in log2 domain) to out/lse or to the partials.
+template <typename T>
+__device__ __forceinline__ void store_row_pair(const KernelParams& p, const WorkItem& w, int row,
+                                               int dim, float o0, float o1) {
+  const int tok = w.tok0 + row / p.group;
+  const int head = w.kv_head * p.group + row % p.group;
+  if (w.split) {
+    const std::int64_t e =
+        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
+    *reinterpret_cast<float2*>(p.partial_o + e * p.kv.head_dim + dim) = make_float2(o0, o1);
+  } else {
+    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    T* out = static_cast<T*>(p.out) + e * p.kv.head_dim + dim;
+    *reinterpret_cast<uint32_t*>(out) = MmaType<T>::pack(o0, o1);
+  }
+}
+__device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkItem& w, int row,
+                                              float lse2) {
+  const int tok = w.tok0 + row / p.group;
+  const int head = w.kv_head * p.group + row % p.group;
+  if (w.split) {
+    const std::int64_t e =
+        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
+    p.partial_lse[e] = lse2;
+  } else if (p.lse != nullptr) {
+    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    p.lse[e] = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
+  }
+}
+
+// kWarpsKV = 4: decode layout (warps split keys); 1: extend layout (warps split rows).
+template <typename T, int kHeadDim, int kWarpsKV>
+__device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w, T* sQ, T* sK,
+                                       T* sV, float* s_ml) {
+  using C = TileConfig<kHeadDim>;
+  constexpr int kKeysPerWarp = kBlockN / kWarpsKV;  // 16 or 64
+  constexpr int kNB = kKeysPerWarp / 8;             // score n-blocks per warp
+  constexpr int kDB = kHeadDim / 8;                 // output n-blocks
+  constexpr int kQRows = kWarpsKV == 4 ? 16 : kMaxRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wq = kWarpsKV == 4 ? 0 : warp;  // row group of this warp
+  const int wk = kWarpsKV == 4 ? warp : 0;  // key slice of this warp
+  const int g = lane / 4, t4 = lane % 4;
+
+  // Q tile: row R = (token R / group, head kv_head * group + R % group).
+  {
+    const T* Q = static_cast<const T*>(p.q);
+    for (int i = threadIdx.x; i < kQRows * C::kChunksPerRow; i += kThreads) {
+      const int row = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+      const bool valid = row < w.rows;
+      std::int64_t off = 0;
+      if (valid) {
+        const int tok = w.q_begin + w.tok0 + row / p.group;
+        const int head = w.kv_head * p.group + row % p.group;
+        off = (static_cast<std::int64_t>(tok) * p.num_q_heads + head) * kHeadDim + ch * 8;
+      }
+      cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
+    }
+  }
+
+  // Visible key range of this thread's two rows (g and g + 8 of the warp's 16).
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = wq * 16 + g + 8 * i;
+    if (row < w.rows) {
+      const int pos = w.pos0 + row / p.group;
+      row_lo[i] = p.causal ? max(w.kb, first_visible_key(pos, w.window)) : w.kb;
+      row_hi[i] = p.causal ? min(w.ke - 1, pos) : w.ke - 1;
+    } else {
+      row_lo[i] = 1;
+      row_hi[i] = 0;  // empty
+    }
+  }
+
+  const int key_begin = w.kb < w.ke ? (w.kb / kBlockN) * kBlockN : 0;
+  const int n_tiles = w.kb < w.ke ? (w.ke - key_begin + kBlockN - 1) / kBlockN : 0;
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < n_tiles)
+      load_kv_tile<T, kHeadDim>(p, w, key_begin + s * kBlockN, sK + s * kBlockN * kHeadDim,
+                                sV + s * kBlockN * kHeadDim);
+    cp_async_commit();  // (the first group also carries Q)
+  }
+
+  float o[kDB][4];
+#pragma unroll
+  for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int it = 0; it < n_tiles; ++it) {
+    {
+      const int nxt = it + C::kStages - 1;
+      if (nxt < n_tiles) {
+        const int st = nxt % C::kStages;
+        load_kv_tile<T, kHeadDim>(p, w, key_begin + nxt * kBlockN, sK + st * kBlockN * kHeadDim,
+                                  sV + st * kBlockN * kHeadDim);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<C::kStages - 1>();
+    __syncthreads();
+    const int st = it % C::kStages;
+    const T* k_tile = sK + st * kBlockN * kHeadDim;
+    const T* v_tile = sV + st * kBlockN * kHeadDim;
+    const int key_tile = key_begin + it * kBlockN;
+
+    // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys.
+    float s[kNB][4];
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(sQ + swizzled_offset<kHeadDim>(wq * 16 + lane % 16,
+                                                              kk * 2 + lane / 16)));
+#pragma unroll
+      for (int nb2 = 0; nb2 < kNB / 2; ++nb2) {
+        uint32_t b[4];
+        const int krow = wk * kKeysPerWarp + nb2 * 16 + (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4(b, smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, kk * 2 + (lane / 8) % 2)));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_16816<T>(s[2 * nb2], a, b0);
+        mma_16816<T>(s[2 * nb2 + 1], a, b1);
+      }
+    }
+
+    // Mask, online softmax (log2 domain).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int key = key_tile + wk * kKeysPerWarp + nb * 8 + 2 * t4 + (e & 1);
+        const bool vis = key >= row_lo[i] && key <= row_hi[i];
+        s[nb][e] = vis ? s[nb][e] * p.scale_log2 : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[nb][e]);
+      }
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], quad_max(mx[i]));
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nb][e] = exp2f(s[nb][e] - m_use[e / 2]);
+        l[e / 2] += s[nb][e];
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kDB; ++d) {
+      o[d][0] *= alpha[0];
+      o[d][1] *= alpha[0];
+      o[d][2] *= alpha[1];
+      o[d][3] *= alpha[1];
+    }
+
+    // O += P V
+#pragma unroll
+    for (int ks = 0; ks < kKeysPerWarp / 16; ++ks) {
+      uint32_t a[4];
+      a[0] = MmaType<T>::pack(s[2 * ks][0], s[2 * ks][1]);
+      a[1] = MmaType<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+      a[2] = MmaType<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      a[3] = MmaType<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      const int vrow = wk * kKeysPerWarp + ks * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int db = 0; db < kDB / 2; ++db) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, db * 2 + lane / 16)));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_16816<T>(o[2 * db], a, b0);
+        mma_16816<T>(o[2 * db + 1], a, b1);
+      }
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's load
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
+
+  if constexpr (kWarpsKV == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = wq * 16 + g + 8 * i;
+      if (row >= w.rows) continue;
+      const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+#pragma unroll
+      for (int d = 0; d < kDB; ++d)
+        store_row_pair<T>(p, w, row, d * 8 + 2 * t4, o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+      if (t4 == 0) store_row_lse(p, w, row, l[i] > 0.f ? m[i] + log2f(l[i]) : -INFINITY);
+    }
+  } else {
+    // Merge the 4 warps' states (same 16 rows, disjoint keys) in warp order.
+    float* s_o = reinterpret_cast<float*>(sK);  // [4 warps][16 rows][kHeadDim]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = g + 8 * i;
+#pragma unroll
+      for (int d = 0; d < kDB; ++d) {
+        float* dst = s_o + (warp * 16 + row) * kHeadDim + d * 8 + 2 * t4;
+        dst[0] = o[d][2 * i];
+        dst[1] = o[d][2 * i + 1];
+      }
+      if (t4 == 0) {
+        s_ml[(warp * 16 + row) * 2] = m[i];
+        s_ml[(warp * 16 + row) * 2 + 1] = l[i];
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < w.rows * (kHeadDim / 2); e += kThreads) {
+      const int row = e / (kHeadDim / 2);
+      const int dim = (e % (kHeadDim / 2)) * 2;
+      float mmax = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mmax = fmaxf(mmax, s_ml[(k * 16 + row) * 2]);
+      float lsum = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float mk = s_ml[(k * 16 + row) * 2];
+        const float sc = mk == -INFINITY ? 0.f : exp2f(mk - mmax);
+        lsum += s_ml[(k * 16 + row) * 2 + 1] * sc;
+        o0 += s_o[(k * 16 + row) * kHeadDim + dim] * sc;
+        o1 += s_o[(k * 16 + row) * kHeadDim + dim + 1] * sc;
+      }
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      store_row_pair<T>(p, w, row, dim, o0 * inv, o1 * inv);
+      if (dim == 0) store_row_lse(p, w, row, lsum > 0.f ? mmax + log2f(lsum) : -INFINITY);
+    }
+  }
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_kernel(const __grid_constant__ KernelParams p) {
+  using C = TileConfig<kHeadDim>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_ml[4 * 16 * 2];
+  WorkItem w;
+  if (!decode_work_item(p, blockIdx.x, w)) return;
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + C::kQElems;
+  T* sV = sK + C::kKVElems;
+  if (w.q_len * p.group <= kDecodeRows)
+    attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
+  else
+    attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);
+}
+
+}  // namespace graphdecode::attn

@@ -1,0 +1,139 @@
+// Device-side planner: turns the step's device-resident lengths into a per-request work plan.
+// One block, launched inside the captured graph before the attention kernel.
+//
+// Work of request r = num_kv_heads x num_tiles x num_chunks CTAs:
+//   tiles : its query tokens, packed with the GQA group as rows (token x head-in-group); a request
+//           with q_len * group <= 16 is one decode-layout tile, else tiles of kMaxRows / group
+//           tokens.
+//   chunks: its visible key span [first_key, kv_len) cut at multiples of chunk_size. In
+//           deterministic mode chunk_size is fixed, so chunking depends on the request alone; in
+//           adaptive mode it is chosen so the whole batch fills the GPU.
+// Malformed lengths (kv_len < q_len in causal mode, kv_len > capacity, tokens past capacity)
+// cannot throw on the device: such a request gets an empty key span (its rows come out 0 / -inf)
+// or no tiles, so nothing reads or writes out of bounds.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "attention/attention_params.cuh"
+#include "common/request_rules.h"
+
+namespace graphdecode::attn {
+
+struct RequestShape {
+  int q_len = 0;
+  int kv_len = 0;
+  int first_key = 0;  // inclusive
+  int last_key = -1;  // inclusive; < first_key means no visible key
+  int tiles = 0;
+};
+
+__device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r, int window) {
+  RequestShape s;
+  const int q0 = p.batch.q_start[r];
+  const int q1 = p.batch.q_start[r + 1];
+  if (q0 < 0 || q1 < q0 || q1 > p.max_q_tokens) return s;  // out of capacity: no tiles
+  s.q_len = q1 - q0;
+  s.kv_len = p.batch.kv_len[r];
+  const bool lengths_ok =
+      s.kv_len >= 0 && s.kv_len <= p.max_kv_len && (!p.causal || s.kv_len >= s.q_len);
+  if (lengths_ok && s.kv_len > 0) {
+    s.first_key = p.causal ? step_first_key(s.kv_len - s.q_len, window) : 0;
+    s.last_key = s.kv_len - 1;
+  }
+  if (s.q_len > 0) {
+    s.tiles = s.q_len * p.group <= kDecodeRows
+                  ? 1
+                  : (s.q_len + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  }
+  return s;
+}
+
+__device__ __forceinline__ int chunks_of(const RequestShape& s, int chunk_size) {
+  if (s.tiles == 0) return 0;
+  if (s.last_key < s.first_key) return 1;  // one item that writes zeros / -inf
+  return s.last_key / chunk_size - s.first_key / chunk_size + 1;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ PlanParams p) {
+  using Reduce = cub::BlockReduce<int, kPlanThreads>;
+  using Scan = cub::BlockScan<long long, kPlanThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ int total_base_s;
+
+  const int n = read_num_requests(p.batch, p.max_batch);
+  const int window = read_window(p.batch, p.causal);
+
+  // Pass 1 (adaptive mode): how many CTAs the batch makes without splitting.
+  int total_base = 0;
+  if (!p.deterministic) {
+    for (int base = 0; base < n; base += kPlanThreads) {
+      const int r = base + threadIdx.x;
+      const int work = r < n ? request_shape(p, r, window).tiles * p.num_kv_heads : 0;
+      const int sum = Reduce(tmp.reduce).Sum(work);
+      if (threadIdx.x == 0) total_base += sum;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) total_base_s = total_base;
+    __syncthreads();
+    total_base = total_base_s;
+  }
+  int adaptive_chunks = 1;
+  if (!p.deterministic && total_base > 0 && total_base < p.target_ctas) {
+    adaptive_chunks = min(kMaxAdaptiveChunks, (p.target_ctas + total_base - 1) / total_base);
+  }
+
+  // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.
+  long long items_carry = 0, parts_carry = 0;
+  for (int base = 0; base < n; base += kPlanThreads) {
+    const int r = base + threadIdx.x;
+    RequestShape s;
+    int chunk = kNoSplit;
+    if (r < n) {
+      s = request_shape(p, r, window);
+      if (p.deterministic) {
+        chunk = p.split_tokens;
+      } else if (adaptive_chunks > 1 && s.last_key >= s.first_key) {
+        const int span = s.last_key - s.first_key + 1;
+        const int per = (span + adaptive_chunks - 1) / adaptive_chunks;
+        chunk = max(kMinSplitTokens, (per + kBlockN - 1) / kBlockN * kBlockN);
+      }
+    }
+    int chunks = r < n ? chunks_of(s, chunk) : 0;
+    long long parts = chunks > 1 ? 1LL * chunks * s.q_len * p.num_q_heads : 0;
+    long long part_off = 0, parts_total = 0;
+    Scan(tmp.scan).ExclusiveSum(parts, part_off, parts_total);
+    __syncthreads();
+    if (chunks > 1 && parts_carry + part_off + parts > p.max_partials) {
+      // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
+      chunk = kNoSplit;
+      chunks = chunks_of(s, chunk);
+    }
+    const long long items = 1LL * chunks * s.tiles * p.num_kv_heads;
+    long long item_off = 0, items_total = 0;
+    Scan(tmp.scan).ExclusiveSum(items, item_off, items_total);
+    __syncthreads();
+    if (r < n) {
+      const long long start = items_carry + item_off;
+      const bool fits = start + items <= p.max_work;
+      p.plan.item_start[r] = static_cast<int>(min(start, static_cast<long long>(p.max_work)));
+      p.plan.num_tiles[r] = fits ? s.tiles : 0;
+      p.plan.num_chunks[r] = fits ? chunks : 0;
+      p.plan.chunk_size[r] = chunk;
+      p.plan.first_key[r] = s.first_key;
+      p.plan.key_end[r] = s.last_key + 1;
+      p.plan.part_off[r] = static_cast<int>(parts_carry + part_off);
+    }
+    items_carry += items_total;
+    parts_carry += parts_total;
+  }
+  if (threadIdx.x == 0) {
+    p.plan.item_start[n] = static_cast<int>(min(items_carry, static_cast<long long>(p.max_work)));
+  }
+}
+
+}  // namespace graphdecode::attn

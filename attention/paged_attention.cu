@@ -1,0 +1,224 @@
+// PagedAttention: validation, capacity-sized buffers, and the three launches of run():
+// planner (1 block) -> attention kernel (grid = work capacity) -> merge of split-KV partials.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "attention/attention_kernel.cuh"
+#include "attention/attention_plan.cuh"
+#include "attention/paged_attention.h"
+#include "common/cuda_check.h"
+#include "common/error.h"
+
+namespace graphdecode {
+namespace attn {
+
+constexpr int kDefaultSplitTokens = 2048;
+constexpr int kMergeWarps = 4;
+
+// One warp per (query token, q head) of a split request: merges its chunks in chunk order.
+template <typename T>
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    merge_partials_kernel(const __grid_constant__ KernelParams p) {
+  const int warp = blockIdx.x * kMergeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int n = read_num_requests(p.batch, p.max_batch);
+  const int token = warp / p.num_q_heads;
+  const int head = warp % p.num_q_heads;
+  if (n == 0 || token >= p.batch.q_start[n] || token < p.batch.q_start[0]) return;
+  int lo = 0, hi = n - 1;  // request holding `token`: last r with q_start[r] <= token
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.batch.q_start[mid] <= token) lo = mid; else hi = mid - 1;
+  }
+  const int r = lo;
+  const int chunks = p.plan.num_chunks[r];
+  if (chunks <= 1) return;  // written directly by the attention kernel
+  const int q_len = p.batch.q_start[r + 1] - p.batch.q_start[r];
+  const int t = token - p.batch.q_start[r];
+  const int hd = p.kv.head_dim;
+  auto entry = [&](int c) {
+    return p.plan.part_off[r] + (static_cast<std::int64_t>(c) * q_len + t) * p.num_q_heads + head;
+  };
+  float mmax = -INFINITY;
+  for (int c = 0; c < chunks; ++c) mmax = fmaxf(mmax, p.partial_lse[entry(c)]);
+  float acc[8];  // head_dim / 32 <= 8
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+  float wsum = 0.f;
+  for (int c = 0; c < chunks; ++c) {
+    const std::int64_t e = entry(c);
+    const float lc = p.partial_lse[e];
+    const float sc = lc == -INFINITY ? 0.f : exp2f(lc - mmax);
+    wsum += sc;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j * 32 + lane < hd) acc[j] += sc * p.partial_o[e * hd + j * 32 + lane];
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const std::int64_t orow = static_cast<std::int64_t>(token) * p.num_q_heads + head;
+  T* out = static_cast<T*>(p.out) + orow * hd;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j * 32 + lane < hd) out[j * 32 + lane] = MmaType<T>::from_float(acc[j] * inv);
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[orow] = wsum > 0.f ? (mmax + log2f(wsum)) * 0.6931471805599453f : -INFINITY;
+}
+
+template <typename T, int kHeadDim>
+void enable_smem() {
+  GD_CUDA(cudaFuncSetAttribute(attention_kernel<T, kHeadDim>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(TileConfig<kHeadDim>::kSmemBytes)));
+}
+
+template <typename T, int kHeadDim>
+void launch(const KernelParams& kp, int grid, int merge_grid, cudaStream_t stream) {
+  attention_kernel<T, kHeadDim>
+      <<<grid, kThreads, TileConfig<kHeadDim>::kSmemBytes, stream>>>(kp);
+  GD_CHECK_LAUNCH();
+  merge_partials_kernel<T><<<merge_grid, kMergeWarps * 32, 0, stream>>>(kp);
+  GD_CHECK_LAUNCH();
+}
+
+// The one place that maps (dtype, head_dim) to a kernel instantiation.
+template <typename Fn>
+void dispatch(DType dtype, int head_dim, Fn&& fn) {
+  auto by_dim = [&](auto tag) {
+    switch (head_dim) {
+      case 64: return fn(tag, std::integral_constant<int, 64>{});
+      case 128: return fn(tag, std::integral_constant<int, 128>{});
+      case 256: return fn(tag, std::integral_constant<int, 256>{});
+      default: GD_REQUIRE(false, "head_dim", head_dim, "unsupported head dim (64, 128, 256)");
+    }
+  };
+  if (dtype == DType::kBF16)
+    by_dim(__nv_bfloat16{});
+  else
+    by_dim(__half{});
+}
+
+}  // namespace attn
+
+PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
+  using namespace attn;
+  GD_REQUIRE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, "head_dim", c.head_dim,
+             "unsupported head dim (supported: 64, 128, 256)");
+  GD_REQUIRE(c.dtype == DType::kBF16 || c.dtype == DType::kFP16, "dtype",
+             static_cast<int>(c.dtype), "unsupported dtype (bf16 or fp16)");
+  GD_REQUIRE(c.num_kv_heads > 0, "num_kv_heads", c.num_kv_heads, "must be positive");
+  GD_REQUIRE(c.num_q_heads > 0 && c.num_q_heads % c.num_kv_heads == 0, "num_q_heads",
+             c.num_q_heads, "must be a positive multiple of num_kv_heads");
+  const int group = c.num_q_heads / c.num_kv_heads;
+  GD_REQUIRE(group <= kDecodeRows, "group_size", group,
+             "GQA group larger than 16 query heads per KV head is not supported");
+  GD_REQUIRE(c.max_batch > 0, "max_batch", c.max_batch, "must be positive");
+  GD_REQUIRE(c.max_q_tokens > 0, "max_q_tokens", c.max_q_tokens, "must be positive");
+  GD_REQUIRE(c.max_kv_len > 0, "max_kv_len", c.max_kv_len, "must be positive");
+  GD_REQUIRE(c.mode == AttentionMode::kCausal || c.mode == AttentionMode::kCross, "mode",
+             static_cast<int>(c.mode), "unknown attention mode");
+  GD_REQUIRE(c.split_tokens >= 0 && c.split_tokens % kBlockN == 0, "split_tokens", c.split_tokens,
+             "must be a non-negative multiple of 64");
+  split_tokens_ = c.split_tokens > 0 ? c.split_tokens : kDefaultSplitTokens;
+
+  int device = 0, sms = 0;
+  GD_CUDA(cudaGetDevice(&device));
+  GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  target_ctas_ = 2 * sms;
+
+  const long long tiles_cap =
+      static_cast<long long>(c.max_batch) + (c.max_q_tokens + (kMaxRows / group) - 1) /
+                                                (kMaxRows / group);
+  if (c.deterministic) {
+    max_chunks_ = c.max_kv_len / split_tokens_ + 2;
+    max_work_ = tiles_cap * c.num_kv_heads * max_chunks_;
+    max_partials_ = static_cast<long long>(c.max_q_tokens) * c.num_q_heads * max_chunks_;
+  } else {
+    max_chunks_ = kMaxAdaptiveChunks + 1;
+    max_work_ = std::max<long long>(tiles_cap * c.num_kv_heads, 3LL * target_ctas_);
+    max_partials_ = 3LL * target_ctas_ * kMaxRows;
+  }
+  GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens",
+             c.max_q_tokens, "capacities too large for one attention call");
+
+  plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 1);
+  partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
+  partial_lse_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_));
+  dispatch(c.dtype, c.head_dim, [](auto t, auto d) { enable_smem<decltype(t), d.value>(); });
+}
+
+std::size_t PagedAttention::workspace_bytes() const noexcept {
+  return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes();
+}
+
+void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
+                         void* out, float* lse, cudaStream_t stream) const {
+  using namespace attn;
+  const AttentionConfig& c = config_;
+  // Host-side checks of shapes only (no device reads): the step path stays sync-free.
+  GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
+             "AttentionBatch pointers must be set");
+  GD_REQUIRE(q != nullptr && out != nullptr, "q/out", "null", "query and output must be set");
+  GD_REQUIRE(kv.num_kv_heads == c.num_kv_heads, "kv.num_kv_heads", kv.num_kv_heads,
+             "does not match the attention config");
+  GD_REQUIRE(kv.head_dim == c.head_dim, "kv.head_dim", kv.head_dim,
+             "does not match the attention config");
+  GD_REQUIRE(kv.page_size > 0 && kv.k && kv.v && kv.page_table, "kv.page_size", kv.page_size,
+             "KV view is incomplete");
+  GD_REQUIRE(static_cast<long long>(kv.max_pages_per_slot) * kv.page_size >= c.max_kv_len,
+             "kv.max_pages_per_slot", kv.max_pages_per_slot,
+             "page table rows are shorter than max_kv_len");
+
+  const int group = c.num_q_heads / c.num_kv_heads;
+  const int n = c.max_batch;
+  std::int32_t* base = plan_.data();
+  PlanView plan{base, base + (n + 1), base + (2 * n + 1), base + (3 * n + 1), base + (4 * n + 1),
+                base + (5 * n + 1), base + (6 * n + 1)};
+
+  PlanParams pp{};
+  pp.batch = batch;
+  pp.plan = plan;
+  pp.max_batch = c.max_batch;
+  pp.max_q_tokens = c.max_q_tokens;
+  pp.max_kv_len = c.max_kv_len;
+  pp.num_kv_heads = c.num_kv_heads;
+  pp.num_q_heads = c.num_q_heads;
+  pp.group = group;
+  pp.tokens_per_tile = kMaxRows / group;
+  pp.causal = c.mode == AttentionMode::kCausal;
+  pp.deterministic = c.deterministic;
+  pp.split_tokens = split_tokens_;
+  pp.target_ctas = target_ctas_;
+  pp.max_partials = max_partials_;
+  pp.max_work = static_cast<std::int32_t>(max_work_);
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pp);
+  GD_CHECK_LAUNCH();
+
+  KernelParams kp{};
+  kp.q = q;
+  kp.out = out;
+  kp.lse = lse;
+  kp.kv = kv;
+  kp.batch = batch;
+  kp.plan = plan;
+  kp.partial_o = partial_o_.data();
+  kp.partial_lse = partial_lse_.data();
+  kp.max_batch = c.max_batch;
+  kp.num_q_heads = c.num_q_heads;
+  kp.group = group;
+  kp.tokens_per_tile = kMaxRows / group;
+  const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
+  kp.scale_log2 = sm_scale * 1.4426950408889634f;
+  kp.causal = pp.causal;
+  const int merge_grid =
+      static_cast<int>((static_cast<long long>(c.max_q_tokens) * c.num_q_heads + kMergeWarps - 1) /
+                       kMergeWarps);
+  dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
+    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), merge_grid, stream);
+  });
+}
+
+}  // namespace graphdecode
