@@ -1,0 +1,184 @@
+// GPU: decode (one query per request) vs the float64 reference — GQA groups 1/4/7/8, head dims
+// 64/128/256, bf16/fp16, pages 1/16/64, contexts 1..32k, batches 1..256; split-KV at small batch
+// and long context; sliding windows with invalid pages before the window; bad configurations.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "attention_check.h"
+#include "common/error.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode {
+namespace {
+
+using namespace graphdecode::testing;
+
+class AttentionDecode : public GpuTest {};
+
+constexpr auto kBF16 = DType::kBF16;
+constexpr auto kFP16 = DType::kFP16;
+constexpr auto kCausal = AttentionMode::kCausal;
+
+// A covering set, not the cartesian product: every group, head dim, dtype and page size appears,
+// with contexts from 1 to 32k and batches from 1 to 256.
+struct DecodeCase {
+  Shape shape;
+  std::int32_t batch, min_ctx, max_ctx;
+};
+const DecodeCase kDecodeCases[] = {
+    {{8, 8, 64, 1, kBF16, kCausal}, 4, 1, 300},         // group 1, page 1
+    {{32, 8, 128, 16, kBF16, kCausal}, 64, 1, 2048},    // group 4, the common shape
+    {{32, 8, 128, 16, kFP16, kCausal}, 17, 1, 5000},    // fp16
+    {{16, 2, 256, 64, kFP16, kCausal}, 16, 1, 4000},    // group 8, d256, page 64
+    {{28, 4, 128, 16, kFP16, kCausal}, 33, 1, 1500},    // group 7
+    {{7, 1, 64, 64, kBF16, kCausal}, 8, 1, 9000},       // group 7, one kv head
+    {{8, 1, 256, 1, kBF16, kCausal}, 8, 1, 700},        // group 8, d256, page 1
+    {{4, 1, 128, 64, kBF16, kCausal}, 5, 8000, 16000},  // group 4, long contexts
+    {{8, 2, 64, 16, kFP16, kCausal}, 256, 1, 512},      // batch 256
+    {{16, 16, 128, 1, kBF16, kCausal}, 3, 1, 3000},     // group 1, d128, page 1
+};
+
+TEST_F(AttentionDecode, CoveringSet) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  for (const DecodeCase& c : kDecodeCases) {
+    const auto reqs = decode_reqs(rng, c.batch, c.min_ctx, c.max_ctx);
+    EXPECT_TRUE(run_case(c.shape, reqs, {}, rng));
+  }
+}
+
+TEST_F(AttentionDecode, ContextsAroundPageAndTileBoundaries) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  for (std::int32_t page : {1, 16, 64}) {
+    std::vector<Req> reqs;
+    for (std::int32_t ctx : {1,   2,   15,  16,   17,   63,   64,   65,   127,  128,  129,
+                             255, 256, 257, 1023, 1024, 1025, 2047, 2048, 2049, 4096, 4097})
+      reqs.push_back(Req{1, ctx});
+    std::shuffle(reqs.begin(), reqs.end(), rng);
+    EXPECT_TRUE(run_case({32, 8, 128, page, kBF16, kCausal}, reqs, {}, rng));
+  }
+}
+
+TEST_F(AttentionDecode, SplitKvSmallBatchLongContext) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, {{1, 32768}}, {}, rng));
+  EXPECT_TRUE(run_case({32, 8, 64, 64, kFP16, kCausal}, {{1, 32000}}, {}, rng));
+  EXPECT_TRUE(run_case({16, 2, 256, 16, kBF16, kCausal}, {{1, 20001}, {1, 1}}, {}, rng));
+  EXPECT_TRUE(run_case({32, 8, 128, 1, kFP16, kCausal}, decode_reqs(rng, 3, 9000, 12000), {}, rng));
+}
+
+TEST_F(AttentionDecode, WithoutLseAndWithoutWindowPointer) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  CaseOptions o;
+  o.with_lse = false;
+  EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, decode_reqs(rng, 9, 1, 3000), o, rng));
+  o.with_lse = true;
+  o.with_window_ptr = false;
+  EXPECT_TRUE(run_case({32, 8, 128, 16, kFP16, kCausal}, decode_reqs(rng, 9, 1, 3000), o, rng));
+}
+
+// Sliding window: window_left in {0, 1, 3, page-1, page, large}, contexts shorter and longer than
+// the window, windows starting mid-page; with and without kInvalidPage before the window.
+TEST_F(AttentionDecode, SlidingWindow) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  const Shape shapes[] = {{32, 8, 128, 16, kBF16, kCausal},
+                          {8, 1, 64, 1, kFP16, kCausal},
+                          {14, 2, 256, 64, kBF16, kCausal}};
+  for (const Shape& s : shapes) {
+    for (std::int32_t window : {0, 1, 3, s.page_size - 1, s.page_size, 777, 4095}) {
+      for (bool invalidate : {false, true}) {
+        CaseOptions o;
+        o.fill = FillOptions{window, invalidate};
+        std::vector<Req> reqs = decode_reqs(rng, 8, 1, 3000);
+        reqs.push_back(Req{1, window + 1});  // exactly the window
+        reqs.push_back(Req{1, window / 2 + 1});
+        EXPECT_TRUE(run_case(s, reqs, o, rng));
+      }
+    }
+  }
+}
+
+TEST_F(AttentionDecode, SlidingWindowLongContextSplitKv) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  for (std::int32_t window : {1, 4095, 8191, 20000}) {
+    CaseOptions o;
+    o.fill = FillOptions{window, true};
+    EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, {{1, 32768}}, o, rng));
+  }
+}
+
+// ---- bad configurations: graphdecode::Error naming the field ------------------------------------
+
+AttentionConfig good_config() {
+  AttentionConfig c;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.max_batch = 4;
+  c.max_q_tokens = 4;
+  c.max_kv_len = 1024;
+  return c;
+}
+
+// Expects construction to throw graphdecode::Error whose field() contains one of `fields`.
+::testing::AssertionResult refused(const AttentionConfig& c, std::vector<std::string> fields) {
+  try {
+    PagedAttention attn(c);
+  } catch (const Error& e) {
+    for (const auto& f : fields)
+      if (e.field().find(f) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "refused, but field() is '" << e.field() << "': " << e.what();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw a non-graphdecode error: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "accepted";
+}
+
+TEST_F(AttentionDecode, BadConfigNamesTheField) {
+  EXPECT_NO_THROW(PagedAttention{good_config()});
+  auto c = good_config();
+  c.head_dim = 96;
+  EXPECT_TRUE(refused(c, {"head_dim"}));
+  c = good_config();
+  c.head_dim = 0;
+  EXPECT_TRUE(refused(c, {"head_dim"}));
+  c = good_config();
+  c.num_kv_heads = 6;  // 32 % 6 != 0
+  EXPECT_TRUE(refused(c, {"num_q_heads", "num_kv_heads", "group"}));
+  c = good_config();
+  c.num_q_heads = 64;
+  c.num_kv_heads = 2;  // group 32 > 16
+  EXPECT_TRUE(refused(c, {"num_q_heads", "num_kv_heads", "group"}));
+  c = good_config();
+  c.num_kv_heads = 0;
+  EXPECT_TRUE(refused(c, {"num_kv_heads"}));
+  c = good_config();
+  c.max_batch = 0;
+  EXPECT_TRUE(refused(c, {"max_batch"}));
+  c = good_config();
+  c.max_q_tokens = -1;
+  EXPECT_TRUE(refused(c, {"max_q_tokens"}));
+  c = good_config();
+  c.max_kv_len = 0;
+  EXPECT_TRUE(refused(c, {"max_kv_len"}));
+  c = good_config();
+  c.deterministic = true;
+  c.split_tokens = 100;  // not a multiple of 64
+  EXPECT_TRUE(refused(c, {"split_tokens"}));
+  c = good_config();
+  c.split_tokens = -64;
+  EXPECT_TRUE(refused(c, {"split_tokens"}));
+  c = good_config();
+  c.dtype = static_cast<DType>(7);
+  EXPECT_TRUE(refused(c, {"dtype"}));
+}
+
+}  // namespace
+}  // namespace graphdecode
