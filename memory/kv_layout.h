@@ -17,8 +17,8 @@ namespace graphdecode {
 
 // Trivially copyable view of one layer of one pool, passed to kernels by value.
 struct PagedKvView {
-  void* k = nullptr;                     // [num_pages][num_kv_heads][page_size][head_dim]
-  void* v = nullptr;                     // [num_pages][num_kv_heads][page_size][head_dim]
+  void* k = nullptr;                         // [num_pages][num_kv_heads][page_size][head_dim]
+  void* v = nullptr;                         // [num_pages][num_kv_heads][page_size][head_dim]
   const std::int32_t* page_table = nullptr;  // [max_slots][max_pages_per_slot], kInvalidPage = none
   std::int32_t max_pages_per_slot = 0;
   std::int32_t page_size = 0;

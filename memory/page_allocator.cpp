@@ -34,6 +34,18 @@ std::vector<std::int32_t> PageAllocator::allocate(std::int32_t n) {
   return std::move(*pages);
 }
 
+void PageAllocator::allocate_into(std::span<std::int32_t> out) {
+  const auto n = static_cast<std::int64_t>(out.size());
+  GD_REQUIRE(n <= free_pages(), "pages_requested", n,
+             "KV pool exhausted: only " + std::to_string(free_pages()) + " of " +
+                 std::to_string(capacity()) + " pages free");
+  for (auto& p : out) {
+    p = free_.back();
+    free_.pop_back();
+    owned_[static_cast<std::size_t>(p)] = 1;
+  }
+}
+
 void PageAllocator::release(std::span<const std::int32_t> pages) {
   // Validate everything before changing anything; mark as we go to catch repeats in the list.
   std::size_t checked = 0;

@@ -19,6 +19,9 @@ class PageAllocator {
   std::vector<std::int32_t> allocate(std::int32_t n);
   // n pages, or nothing when fewer than n are free.
   std::optional<std::vector<std::int32_t>> try_allocate(std::int32_t n);
+  // Fills `out` with out.size() pages without allocating host memory (the step path uses this),
+  // or throws like allocate() and changes nothing.
+  void allocate_into(std::span<std::int32_t> out);
   // Returns pages. All ids are checked first (range, owned, no repeats), so a bad list frees none.
   void release(std::span<const std::int32_t> pages);
 

@@ -1,0 +1,184 @@
+#include "memory/request_slots.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "common/request_rules.h"
+
+namespace graphdecode {
+
+RequestSlots::RequestSlots(const PoolGeometry& geometry, PageAllocator& allocator)
+    : geometry_(geometry), alloc_(allocator) {
+  geometry_.validate();
+  GD_REQUIRE(alloc_.capacity() == geometry_.num_pages, "num_pages", alloc_.capacity(),
+             "allocator capacity differs from the pool's num_pages (" +
+                 std::to_string(geometry_.num_pages) + ")");
+  GD_REQUIRE(alloc_.used_pages() == 0, "allocator", alloc_.used_pages(),
+             "allocator must be fresh: its first page becomes the reserved dummy page");
+  std::int32_t reserved = kInvalidPage;
+  alloc_.allocate_into({&reserved, 1});
+  if (reserved != kReservedPage) {  // a fresh allocator hands out page 0 first; be sure of it
+    const std::int32_t back[] = {reserved};
+    alloc_.release(back);
+    GD_REQUIRE(false, "allocator", reserved, "fresh allocator did not hand out page 0 first");
+  }
+  slots_.resize(static_cast<std::size_t>(geometry_.max_slots));
+  std::vector<std::int32_t> table(static_cast<std::size_t>(geometry_.max_slots) *
+                                  static_cast<std::size_t>(geometry_.max_pages_per_slot));
+  init_page_table_host(geometry_, table);
+  rows_ = std::move(table);
+  free_slots_.reserve(static_cast<std::size_t>(geometry_.max_slots));
+  // Stack: hands out slot 1 first.
+  for (std::int32_t s = geometry_.max_slots - 1; s > kPaddingSlot; --s) free_slots_.push_back(s);
+}
+
+void RequestSlots::require_active(std::int32_t slot, const char* what) const {
+  GD_REQUIRE(slot != kPaddingSlot, "slot", slot,
+             std::string(what) + ": slot 0 is reserved for padding rows");
+  GD_REQUIRE(slot > 0 && slot < geometry_.max_slots, "slot", slot,
+             std::string(what) +
+                 ": unknown slot id (max_slots = " + std::to_string(geometry_.max_slots) + ")");
+  GD_REQUIRE(slots_[static_cast<std::size_t>(slot)].active, "slot", slot,
+             std::string(what) + ": slot is not in use (never acquired or already released)");
+}
+
+std::span<std::int32_t> RequestSlots::row_range(std::int32_t slot, std::int32_t first,
+                                                std::int32_t end) {
+  const std::size_t base = static_cast<std::size_t>(slot) * geometry_.max_pages_per_slot;
+  return {rows_.data() + base + first, static_cast<std::size_t>(end - first)};
+}
+
+std::int32_t RequestSlots::acquire() {
+  GD_REQUIRE(!free_slots_.empty(), "max_slots", geometry_.max_slots,
+             "all request slots are in use");
+  const std::int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  slots_[static_cast<std::size_t>(slot)] = SlotState{true, 0, 0};
+  return slot;
+}
+
+void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableCommandBatch& out) {
+  require_active(slot, "extend");
+  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  GD_REQUIRE(extend_len >= 0, "extend_len", extend_len, "a step cannot add a negative count");
+  GD_REQUIRE(geometry_.kind != PoolKind::kCross || s.tokens == 0, "slot", slot,
+             "cross pool: this request already holds its encoder K/V (written once)");
+  const std::int32_t P = geometry_.page_size;
+  const std::int32_t prefix_len = s.tokens;
+  const std::int64_t extent = static_cast<std::int64_t>(prefix_len) + extend_len;
+  GD_REQUIRE(extent <= geometry_.max_tokens_per_slot(), "kv_extent", extent,
+             "prefix_len + extend_len exceeds the slot capacity max_pages_per_slot * page_size = " +
+                 std::to_string(geometry_.max_tokens_per_slot()) + " tokens");
+
+  const std::int32_t held = pages_for_tokens(prefix_len, P);
+  const std::int32_t need = pages_for_tokens(static_cast<std::int32_t>(extent), P);
+  // Sliding window: the step's first query (at prefix_len) is the most restrictive, so pages left
+  // of its first visible key are never read again. new_first <= held always (the first visible
+  // key is <= prefix_len), so every evicted entry is a page we hold.
+  const std::int32_t new_first =
+      geometry_.kind == PoolKind::kSlidingWindow
+          ? std::max(s.first_resident,
+                     swa_first_resident_page(prefix_len, geometry_.window_left, P))
+          : s.first_resident;
+  const std::int32_t evict = new_first - s.first_resident;
+  const std::int32_t add = need - held;
+  out.require_room((evict > 0) + (add > 0), add);
+  // Evicted pages go back before the new ones are taken, so they count as free here.
+  GD_REQUIRE(add <= alloc_.free_pages() + evict, "pages_requested", add,
+             "KV pool exhausted: only " + std::to_string(alloc_.free_pages() + evict) + " of " +
+                 std::to_string(alloc_.capacity()) + " pages free");
+
+  // All checks passed: mutate. Page reuse is safe by stream order: the previous step's reads of
+  // an evicted page finish before this step's writes to the same page id.
+  if (evict > 0) {
+    auto gone = row_range(slot, s.first_resident, new_first);
+    alloc_.release(gone);
+    std::fill(gone.begin(), gone.end(), kInvalidPage);
+    out.push_clear(slot, s.first_resident, evict);
+  }
+  if (add > 0) {
+    auto fresh = row_range(slot, held, need);
+    alloc_.allocate_into(fresh);
+    out.push_set(slot, held, fresh);
+  }
+  s.tokens = static_cast<std::int32_t>(extent);
+  s.first_resident = new_first;
+}
+
+void RequestSlots::truncate(std::int32_t slot, std::int32_t tokens, TableCommandBatch& out) {
+  require_active(slot, "truncate");
+  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  GD_REQUIRE(geometry_.kind != PoolKind::kCross, "kind", pool_kind_name(geometry_.kind),
+             "a cross (encoder) pool is written once and cannot be truncated");
+  GD_REQUIRE(tokens >= 0 && tokens <= s.tokens, "tokens", tokens,
+             "truncate needs 0 <= tokens <= tokens held (" + std::to_string(s.tokens) + ")");
+  const std::int32_t P = geometry_.page_size;
+  if (geometry_.kind == PoolKind::kSlidingWindow) {
+    // The next step starts at prefix_len = tokens and reads from its first visible key on; that
+    // page must still be resident.
+    GD_REQUIRE(swa_first_resident_page(tokens, geometry_.window_left, P) >= s.first_resident,
+               "tokens", tokens,
+               "sliding window: truncating this far would need pages already returned (first "
+               "resident logical page " +
+                   std::to_string(s.first_resident) + ")");
+  }
+  const std::int32_t keep = pages_for_tokens(tokens, P);
+  const std::int32_t held = pages_for_tokens(s.tokens, P);
+  const std::int32_t drop = held - keep;
+  out.require_room(drop > 0, 0);
+
+  if (drop > 0) {
+    auto gone = row_range(slot, keep, held);
+    alloc_.release(gone);
+    std::fill(gone.begin(), gone.end(), kInvalidPage);
+    out.push_clear(slot, keep, drop);
+  }
+  s.tokens = tokens;
+}
+
+void RequestSlots::release(std::int32_t slot, TableCommandBatch& out) {
+  require_active(slot, "release");
+  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  const std::int32_t held = pages_for_tokens(s.tokens, geometry_.page_size);
+  const std::int32_t n = held - s.first_resident;
+  out.require_room(n > 0, 0);
+
+  if (n > 0) {
+    auto gone = row_range(slot, s.first_resident, held);
+    alloc_.release(gone);
+    std::fill(gone.begin(), gone.end(), kInvalidPage);
+    out.push_clear(slot, s.first_resident, n);
+  }
+  s = SlotState{};
+  free_slots_.push_back(slot);
+}
+
+bool RequestSlots::is_active(std::int32_t slot) const noexcept {
+  return slot > kPaddingSlot && slot < geometry_.max_slots &&
+         slots_[static_cast<std::size_t>(slot)].active;
+}
+
+std::int32_t RequestSlots::tokens(std::int32_t slot) const {
+  require_active(slot, "tokens");
+  return slots_[static_cast<std::size_t>(slot)].tokens;
+}
+
+std::int32_t RequestSlots::first_resident_page(std::int32_t slot) const {
+  require_active(slot, "first_resident_page");
+  return slots_[static_cast<std::size_t>(slot)].first_resident;
+}
+
+std::int32_t RequestSlots::pages_held(std::int32_t slot) const {
+  require_active(slot, "pages_held");
+  const SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  return pages_for_tokens(s.tokens, geometry_.page_size) - s.first_resident;
+}
+
+std::span<const std::int32_t> RequestSlots::row(std::int32_t slot) const {
+  GD_REQUIRE(slot >= 0 && slot < geometry_.max_slots, "slot", slot, "unknown slot id");
+  const std::size_t base = static_cast<std::size_t>(slot) * geometry_.max_pages_per_slot;
+  return {rows_.data() + base, static_cast<std::size_t>(geometry_.max_pages_per_slot)};
+}
+
+}  // namespace graphdecode
