@@ -14,11 +14,11 @@ inline void throw_cuda(cudaError_t err, const char* expr, const char* file, int 
 }
 }  // namespace graphdecode::detail
 
-#define GD_CUDA(expr)                                                           \
-  do {                                                                          \
-    cudaError_t gd_err_ = (expr);                                               \
-    if (gd_err_ != cudaSuccess)                                                 \
-      ::graphdecode::detail::throw_cuda(gd_err_, #expr, __FILE__, __LINE__);    \
+#define GD_CUDA(expr)                                                        \
+  do {                                                                       \
+    cudaError_t gd_err_ = (expr);                                            \
+    if (gd_err_ != cudaSuccess)                                              \
+      ::graphdecode::detail::throw_cuda(gd_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors at the launch site.

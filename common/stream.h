@@ -36,7 +36,9 @@ class Stream {
 
 class Event {
  public:
-  explicit Event(unsigned flags = cudaEventDefault) { GD_CUDA(cudaEventCreateWithFlags(&e_, flags)); }
+  explicit Event(unsigned flags = cudaEventDefault) {
+    GD_CUDA(cudaEventCreateWithFlags(&e_, flags));
+  }
   ~Event() {
     if (e_) GD_CUDA_NOTHROW(cudaEventDestroy(e_));
   }
