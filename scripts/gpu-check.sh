@@ -69,6 +69,21 @@ if has bench; then
     fi
     cat "$OUT/$name.txt"
   done
+  # Peer: PyTorch SDPA on contiguous K/V for the same decode shapes, when torch is importable.
+  if python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+    if python3 bench/sdpa_peer.py --json "$OUT/sdpa_peer.json" > "$OUT/sdpa_peer.txt" 2>&1; then
+      note "bench sdpa_peer" "ok"
+    else
+      note "bench sdpa_peer" "FAILED"; status=1
+    fi
+    cat "$OUT/sdpa_peer.txt"
+    if [ -f "$OUT/bench_attention.json" ] && [ -f "$OUT/sdpa_peer.json" ]; then
+      python3 bench/compare.py "$OUT/bench_attention.json" "$OUT/sdpa_peer.json" \
+        | tee "$OUT/compare_attention.txt"
+    fi
+  else
+    note "bench sdpa_peer" "skipped (no torch with CUDA)"
+  fi
 fi
 
 echo

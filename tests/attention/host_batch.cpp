@@ -23,16 +23,25 @@ std::uint64_t splitmix64(std::uint64_t& state) {
 }  // namespace
 
 void fill_random(std::vector<std::uint16_t>& dst, DType dtype, std::uint64_t seed) {
-  std::uint64_t state = seed;
-  for (std::size_t i = 0; i < dst.size(); i += 2) {
-    const std::uint64_t bits = splitmix64(state);
-    for (std::size_t j = 0; j < 2 && i + j < dst.size(); ++j) {
-      const std::uint32_t b = static_cast<std::uint32_t>(bits >> (32 * j));
-      const float u = static_cast<float>(b & 0xffffffu) * (1.0f / 16777216.0f);  // [0, 1)
-      const float mag = 1.0f / 64.0f + (63.0f / 64.0f) * u;
-      dst[i + j] = reference::from_float((b >> 31) ? -mag : mag, dtype);
-    }
+  // 8192 magnitudes uniform in [1/64, 1] (finer than bf16/fp16 resolution near 1), each value a
+  // random magnitude with a random sign: fast enough for pools of hundreds of millions.
+  constexpr std::uint32_t kLevels = 8192;
+  static_assert((kLevels & (kLevels - 1)) == 0);
+  std::vector<std::uint16_t> table(2 * kLevels);
+  for (std::uint32_t i = 0; i < kLevels; ++i) {
+    const float mag = 1.0f / 64.0f + (63.0f / 64.0f) * (static_cast<float>(i) + 0.5f) / kLevels;
+    table[i] = reference::from_float(mag, dtype);
+    table[kLevels + i] = reference::from_float(-mag, dtype);
   }
+  std::uint64_t state = seed;
+  const std::size_t n = dst.size();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const std::uint64_t bits = splitmix64(state);
+    for (std::size_t j = 0; j < 4; ++j) dst[i + j] = table[(bits >> (16 * j)) & (2 * kLevels - 1)];
+  }
+  for (const std::uint64_t bits = splitmix64(state); i < n; ++i)
+    dst[i] = table[(bits >> (16 * (i % 4))) & (2 * kLevels - 1)];
 }
 
 Capacity capacity_for(const Shape& shape, const std::vector<Req>& reqs, Rng& rng) {
@@ -170,6 +179,20 @@ void HostPagedBatch::implant(std::int32_t r, const RequestData& data) {
   }
   std::copy(data.q.begin(), data.q.end(),
             q_.begin() + static_cast<std::size_t>(q_start_[r]) * hq * d);
+}
+
+RequestData slice_keys(const RequestData& whole, const Shape& shape, std::int32_t kv_len,
+                       std::int32_t begin, std::int32_t end) {
+  RequestData part;
+  part.q = whole.q;
+  const std::size_t d = shape.head_dim;
+  for (std::int32_t h = 0; h < shape.num_kv_heads; ++h) {
+    const std::size_t from = (static_cast<std::size_t>(h) * kv_len + begin) * d;
+    const std::size_t to = (static_cast<std::size_t>(h) * kv_len + end) * d;
+    part.k.insert(part.k.end(), whole.k.begin() + from, whole.k.begin() + to);
+    part.v.insert(part.v.end(), whole.v.begin() + from, whole.v.begin() + to);
+  }
+  return part;
 }
 
 AttentionConfig HostPagedBatch::config(bool deterministic, std::int32_t split_tokens) const {

@@ -118,6 +118,11 @@ class HostPagedBatch {
   std::vector<std::uint16_t> k_, v_, q_;
 };
 
+// Keys [begin, end) of a request's logical data whose kv_len is `kv_len` (q copied unchanged):
+// e.g. the cached prefix or the new tokens of an extend, as a request of their own.
+RequestData slice_keys(const RequestData& whole, const Shape& shape, std::int32_t kv_len,
+                       std::int32_t begin, std::int32_t end);
+
 // Random values in [-1, -1/64] U [1/64, 1] as dtype bits (never zero), from a fast generator.
 void fill_random(std::vector<std::uint16_t>& dst, DType dtype, std::uint64_t seed);
 

@@ -22,21 +22,6 @@ using namespace graphdecode::testing;
 
 class AttentionMerge : public GpuTest {};
 
-// Keys [begin, end) of one request's logical data (q unchanged).
-RequestData slice(const RequestData& whole, const Shape& s, std::int32_t kv_len, std::int32_t begin,
-                  std::int32_t end) {
-  RequestData part;
-  part.q = whole.q;
-  const std::size_t d = s.head_dim;
-  for (std::int32_t h = 0; h < s.num_kv_heads; ++h) {
-    const std::size_t from = (static_cast<std::size_t>(h) * kv_len + begin) * d;
-    const std::size_t to = (static_cast<std::size_t>(h) * kv_len + end) * d;
-    part.k.insert(part.k.end(), whole.k.begin() + from, whole.k.begin() + to);
-    part.v.insert(part.v.end(), whole.v.begin() + from, whole.v.begin() + to);
-  }
-  return part;
-}
-
 // Runs merge_attention_states on device states a and b ([rows][heads][d] dtype, [rows][heads]
 // lse) and returns the merged outputs of the first `rows` rows.
 Outputs merge_on_device(const void* o_a, const float* lse_a, const void* o_b, const float* lse_b,
@@ -90,8 +75,8 @@ Outputs merge_on_device(const void* o_a, const float* lse_a, const void* o_b, co
   for (std::int32_t r = 0; r < whole.num_requests(); ++r) {
     const RequestData data = whole.extract(r);
     const Req& w = whole_reqs[r];
-    prefix.implant(r, slice(data, shape, w.kv_len, 0, w.kv_len - w.q_len));
-    suffix.implant(r, slice(data, shape, w.kv_len, w.kv_len - w.q_len, w.kv_len));
+    prefix.implant(r, slice_keys(data, shape, w.kv_len, 0, w.kv_len - w.q_len));
+    suffix.implant(r, slice_keys(data, shape, w.kv_len, w.kv_len - w.q_len, w.kv_len));
   }
   DevicePagedBatch dev_prefix(cross, prefix.capacity()), dev_suffix(shape, suffix.capacity());
   dev_prefix.upload(prefix, stream);

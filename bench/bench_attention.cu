@@ -1,0 +1,343 @@
+// bench_attention: paged attention speed on the device, against its measured copy bandwidth.
+//
+//   bench_attention [--json PATH] [--reps N] [--quick]
+//
+// * Device copy bandwidth: large cudaMemcpy D2D, bytes = read + write.
+// * Decode: B in {1, 8, 64, 256} x L in {512, 2048, 8192, 32768}, 32 q / 8 kv heads, head dim 128,
+//   bf16, page 16, random data, shuffled pages; default and deterministic split. Shapes whose pool
+//   does not fit in free device memory are skipped.
+// * Verify/extend: N = 4 and 8 queries per request at B = 64, L = 8192.
+// Time = median over `reps` (>= 50) CUDA-graph replays of PagedAttention::run after warm-up. The
+// L2 is flushed before each timed replay by a kernel that READS a buffer of 4x the L2 size (clean
+// lines, no write-back during the timed replay); only the replay is between the timing events.
+// bytes = K + V read + Q + out; GB/s and % of the measured copy bandwidth; flops = 4 N L Hq D B.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "common/buffers.h"
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/stream.h"
+
+namespace graphdecode::bench {
+namespace {
+
+constexpr std::int32_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
+
+// ---- device helpers -----------------------------------------------------------------------------
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+// Random bf16 in [-1, -1/64] U [1/64, 1].
+__global__ void fill_random_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::uint32_t h = hash32(i * 0x9e3779b97f4a7c15ull + seed);
+    const float mag = 1.f / 64.f + (63.f / 64.f) * ((h & 0xffffffu) * (1.f / 16777216.f));
+    p[i] = __float2bfloat16_rn((h >> 31) ? -mag : mag);
+  }
+}
+
+// Reads the whole buffer (evicting the L2 with clean lines); the store never happens in practice
+// but keeps the loads alive.
+__global__ void l2_flush_read(const int4* p, std::size_t n, int* sink) {
+  int acc = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const int4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+void fill_random(DeviceBuffer<std::uint16_t>& buf, std::uint64_t seed, cudaStream_t s) {
+  fill_random_bf16<<<1024, 256, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(buf.data()), buf.size(),
+                                        seed);
+  GD_CHECK_LAUNCH();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---- measurements -------------------------------------------------------------------------------
+
+struct Device {
+  std::string name;
+  std::int64_t l2_bytes = 0;
+  std::int32_t sms = 0;
+};
+
+Device device_info() {
+  int dev = 0;
+  GD_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  GD_CUDA(cudaGetDeviceProperties(&p, dev));
+  return Device{p.name, p.l2CacheSize, p.multiProcessorCount};
+}
+
+// Median GB/s of a D2D cudaMemcpy, counting read + write bytes.
+double copy_bandwidth_gbps(cudaStream_t s) {
+  std::size_t free_b = 0, total_b = 0;
+  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const std::size_t bytes =
+      std::min<std::size_t>(std::size_t{1} << 30, free_b / 4) & ~std::size_t{255};
+  DeviceBuffer<char> a(bytes), b(bytes);
+  a.fill_bytes(1, s);
+  for (int i = 0; i < 3; ++i)
+    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
+  std::vector<double> ms;
+  Event e0, e1;
+  for (int i = 0; i < 20; ++i) {
+    e0.record(s);
+    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
+    e1.record(s);
+    e1.synchronize();
+    ms.push_back(e1.elapsed_ms_since(e0));
+  }
+  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
+}
+
+struct Result {
+  std::string kind;  // "decode" or "verify"
+  std::int32_t batch = 0, kv_len = 0, q_per_req = 1;
+  bool deterministic = false;
+  bool skipped = false;
+  std::string note;
+  double us = 0, gbps = 0, pct_copy = 0, tflops = 0, bytes = 0;
+};
+
+// One shape: build a random paged batch with shuffled pages, capture run() in a graph, time
+// `reps` replays each after an L2 flush.
+Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int reps,
+                   double copy_gbps, const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
+                   std::mt19937_64& rng, cudaStream_t s) {
+  Result r;
+  r.kind = n == 1 ? "decode" : "verify";
+  r.batch = b;
+  r.kv_len = l;
+  r.q_per_req = n;
+  r.deterministic = det;
+  const std::int32_t ppr = (l + kPage - 1) / kPage;
+  const std::int64_t num_pages = static_cast<std::int64_t>(b) * ppr + 1;
+  const std::size_t pool = static_cast<std::size_t>(num_pages) * kHkv * kPage * kD;
+  const std::size_t q_elems = static_cast<std::size_t>(b) * n * kHq * kD;
+  std::size_t free_b = 0, total_b = 0;
+  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const double need = 2.0 * pool * 2 + 2.0 * q_elems * 2 + (1 << 28);  // + workspace headroom
+  if (need > 0.9 * free_b || num_pages >= (std::int64_t{1} << 31)) {
+    r.skipped = true;
+    r.note = "does not fit in device memory";
+    return r;
+  }
+  DeviceBuffer<std::uint16_t> k(pool), v(pool), q(q_elems), out(q_elems);
+  fill_random(k, rng(), s);
+  fill_random(v, rng(), s);
+  fill_random(q, rng(), s);
+
+  // Shuffled pages (never page 0), shuffled slots (never slot 0).
+  std::vector<std::int32_t> pages(num_pages - 1), slots(b);
+  std::iota(pages.begin(), pages.end(), 1);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  std::iota(slots.begin(), slots.end(), 1);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(b + 1) * ppr, 0);
+  for (std::int32_t i = 0; i < b; ++i)
+    for (std::int32_t p = 0; p < ppr; ++p)
+      table[static_cast<std::size_t>(slots[i]) * ppr + p] =
+          pages[static_cast<std::size_t>(i) * ppr + p];
+  std::vector<std::int32_t> q_start(b + 1), kv_len(b, l);
+  for (std::int32_t i = 0; i <= b; ++i) q_start[i] = i * n;
+  const std::int32_t nreq = b;
+  DeviceBuffer<std::int32_t> d_table(table.size()), d_slot(b), d_qs(b + 1), d_kv(b), d_n(1);
+  d_table.upload(table.data(), table.size(), s);
+  d_slot.upload(slots.data(), b, s);
+  d_qs.upload(q_start.data(), b + 1, s);
+  d_kv.upload(kv_len.data(), b, s);
+  d_n.upload(&nreq, 1, s);
+  GD_CUDA(cudaStreamSynchronize(s));
+
+  AttentionConfig cfg;
+  cfg.num_q_heads = kHq;
+  cfg.num_kv_heads = kHkv;
+  cfg.head_dim = kD;
+  cfg.dtype = DType::kBF16;
+  cfg.mode = AttentionMode::kCausal;
+  cfg.max_batch = b;
+  cfg.max_q_tokens = b * n;
+  cfg.max_kv_len = l;
+  cfg.deterministic = det;
+  const PagedAttention attn(cfg);
+  AttentionBatch batch;
+  batch.num_requests = d_n.data();
+  batch.slot = d_slot.data();
+  batch.q_start = d_qs.data();
+  batch.kv_len = d_kv.data();
+  PagedKvView kv;
+  kv.k = k.data();
+  kv.v = v.data();
+  kv.page_table = d_table.data();
+  kv.max_pages_per_slot = ppr;
+  kv.page_size = kPage;
+  kv.num_kv_heads = kHkv;
+  kv.head_dim = kD;
+  kv.num_pages = static_cast<std::int32_t>(num_pages);
+
+  for (int i = 0; i < 3; ++i) attn.run(batch, kv, q.data(), out.data(), nullptr, s);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GD_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    attn.run(batch, kv, q.data(), out.data(), nullptr, s);
+  } catch (...) {
+    GD_CUDA_NOTHROW(cudaStreamEndCapture(s, &graph));
+    if (graph) GD_CUDA_NOTHROW(cudaGraphDestroy(graph));
+    throw;
+  }
+  GD_CUDA(cudaStreamEndCapture(s, &graph));
+  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 5; ++i) GD_CUDA(cudaGraphLaunch(exec, s));
+
+  std::vector<Event> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+    GD_CHECK_LAUNCH();
+    start[i].record(s);
+    GD_CUDA(cudaGraphLaunch(exec, s));
+    stop[i].record(s);
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
+  GD_CUDA(cudaGraphExecDestroy(exec));
+  GD_CUDA(cudaGraphDestroy(graph));
+
+  r.us = median(us);
+  r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
+  r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  r.tflops = 4.0 * n * static_cast<double>(l) * kHq * kD * b / (r.us * 1e-6) / 1e12;
+  return r;
+}
+
+// ---- output -------------------------------------------------------------------------------------
+
+void print_table(const std::vector<Result>& rs) {
+  std::printf("%-7s %5s %6s %2s %-5s %10s %9s %7s %8s\n", "kind", "B", "L", "N", "split", "us",
+              "GB/s", "%copy", "TFLOP/s");
+  for (const Result& r : rs) {
+    if (r.skipped) {
+      std::printf("%-7s %5d %6d %2d %-5s   skipped: %s\n", r.kind.c_str(), r.batch, r.kv_len,
+                  r.q_per_req, r.deterministic ? "det" : "auto", r.note.c_str());
+      continue;
+    }
+    std::printf("%-7s %5d %6d %2d %-5s %10.1f %9.0f %6.1f%% %8.1f\n", r.kind.c_str(), r.batch,
+                r.kv_len, r.q_per_req, r.deterministic ? "det" : "auto", r.us, r.gbps, r.pct_copy,
+                r.tflops);
+  }
+}
+
+void write_json(const std::string& path, const Device& dev, double copy_gbps, int reps,
+                const std::vector<Result>& rs) {
+  std::ofstream f(path);
+  GD_REQUIRE(f.good(), "--json", path, "cannot open the JSON output");
+  f << "{\n  \"bench\": \"bench_attention\",\n  \"device\": \"" << dev.name << "\",\n"
+    << "  \"l2_bytes\": " << dev.l2_bytes << ",\n  \"sms\": " << dev.sms << ",\n"
+    << "  \"copy_gbps\": " << copy_gbps << ",\n  \"reps\": " << reps << ",\n"
+    << "  \"shape\": {\"num_q_heads\": " << kHq << ", \"num_kv_heads\": " << kHkv
+    << ", \"head_dim\": " << kD << ", \"dtype\": \"bf16\", \"page_size\": " << kPage << "},\n"
+    << "  \"results\": [\n";
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    const Result& r = rs[i];
+    f << "    {\"kind\": \"" << r.kind << "\", \"B\": " << r.batch << ", \"L\": " << r.kv_len
+      << ", \"N\": " << r.q_per_req
+      << ", \"deterministic\": " << (r.deterministic ? "true" : "false")
+      << ", \"skipped\": " << (r.skipped ? "true" : "false");
+    if (!r.skipped)
+      f << ", \"us\": " << r.us << ", \"bytes\": " << r.bytes << ", \"gbps\": " << r.gbps
+        << ", \"pct_copy\": " << r.pct_copy << ", \"tflops\": " << r.tflops;
+    else
+      f << ", \"note\": \"" << r.note << "\"";
+    f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+int run_main(int argc, char** argv) {
+  std::string json;
+  int reps = 100;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(50, std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  const Device dev = device_info();
+  Stream s;
+  const double copy_gbps = copy_bandwidth_gbps(s);
+  std::printf("device: %s, %d SMs, L2 %.0f MiB; D2D copy %.0f GB/s (read + write)\n",
+              dev.name.c_str(), dev.sms, dev.l2_bytes / 1048576.0, copy_gbps);
+
+  const std::size_t flush_bytes = std::max<std::size_t>(4 * dev.l2_bytes, 64 << 20);
+  DeviceBuffer<int4> flush(flush_bytes / sizeof(int4));
+  DeviceBuffer<int> sink(1);
+  flush.fill_bytes(0, s);
+  std::mt19937_64 rng(20261122);
+
+  std::vector<Result> rs;
+  const std::vector<std::int32_t> batches =
+      quick ? std::vector<std::int32_t>{1, 64} : std::vector<std::int32_t>{1, 8, 64, 256};
+  const std::vector<std::int32_t> lens = quick ? std::vector<std::int32_t>{2048, 8192}
+                                               : std::vector<std::int32_t>{512, 2048, 8192, 32768};
+  for (bool det : {false, true})
+    for (std::int32_t b : batches)
+      for (std::int32_t l : lens)
+        rs.push_back(bench_shape(b, l, 1, det, reps, copy_gbps, flush, sink, rng, s));
+  for (bool det : {false, true})
+    for (std::int32_t n : {4, 8})
+      rs.push_back(bench_shape(64, 8192, n, det, reps, copy_gbps, flush, sink, rng, s));
+
+  print_table(rs);
+  if (!json.empty()) write_json(json, dev, copy_gbps, reps, rs);
+  return 0;
+}
+
+}  // namespace
+}  // namespace graphdecode::bench
+
+int main(int argc, char** argv) {
+  try {
+    return graphdecode::bench::run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+}
