@@ -177,25 +177,40 @@ AttentionResult attention(const AttentionConfig& config, const HostBatch& batch,
   res.o.assign(static_cast<std::size_t>(res.total_q) * hq * d, 0.0);
   res.lse.assign(static_cast<std::size_t>(res.total_q) * hq, kNegInf);
 
-  parallel_for(static_cast<std::int64_t>(batch.num_requests) * hkv, [&](std::int64_t task) {
-    const auto r = static_cast<std::int32_t>(task / hkv);
-    const auto g = static_cast<std::int32_t>(task % hkv);
+  // Tasks: (request, kv head, block of up to kQueryBlock queries), so one long request still
+  // spreads over all threads.
+  constexpr std::int32_t kQueryBlock = 32;
+  struct Task {
+    std::int32_t r, g, i0, i1;
+  };
+  std::vector<Task> tasks;
+  for (std::int32_t r = 0; r < batch.num_requests; ++r) {
+    const std::int32_t q_len = batch.q_start[r + 1] - batch.q_start[r];
+    if (!cross) {
+      GD_REQUIRE(q_len <= batch.kv_len[r], "q_len", q_len,
+                 "reference: causal q_len exceeds kv_len");
+    }
+    for (std::int32_t g = 0; g < hkv; ++g)
+      for (std::int32_t i0 = 0; i0 < q_len; i0 += kQueryBlock)
+        tasks.push_back(Task{r, g, i0, std::min(q_len, i0 + kQueryBlock)});
+  }
+
+  parallel_for(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t) {
+    const auto [r, g, i0, i1] = tasks[t];
     const std::int32_t q0 = batch.q_start[r], q_len = batch.q_start[r + 1] - q0;
     const std::int32_t kv_len = batch.kv_len[r];
-    if (!cross) {
-      GD_REQUIRE(q_len <= kv_len, "q_len", q_len, "reference: causal q_len exceeds kv_len");
-    }
-    // Keys any query of this request may see: from the first query's first visible key (the
-    // most restrictive one) to kv_len, clipped to the requested range.
+    // Keys any query of the block may see: from its first query's first visible key (the most
+    // restrictive one) to kv_len (causal: to its last query's position), clipped to the range.
     const std::int32_t first_pos = kv_len - q_len;
-    std::int32_t begin = cross ? 0 : first_visible_key(first_pos, window);
+    std::int32_t begin = cross ? 0 : first_visible_key(first_pos + i0, window);
     begin = std::max(begin, keys.key_begin);
-    const std::int32_t end = std::min(kv_len, keys.key_end);
-    if (q_len == 0 || begin >= end) return;  // every row sees no key: o = 0, lse = -inf
+    std::int32_t end = std::min(kv_len, keys.key_end);
+    if (!cross) end = std::min(end, first_pos + i1);
+    if (begin >= end) return;  // every row sees no key: o = 0, lse = -inf
     const KeyBlock kb = gather_keys(kv, config.dtype, batch.slot[r], g, begin, end);
 
     std::vector<double> qd(d), acc(d), score(static_cast<std::size_t>(end - begin));
-    for (std::int32_t i = 0; i < q_len; ++i) {
+    for (std::int32_t i = i0; i < i1; ++i) {
       const std::int32_t row = q0 - batch.q_start[0] + i;
       const std::int32_t pos = first_pos + i;
       const std::int32_t lo = cross ? begin : std::max(begin, first_visible_key(pos, window));
