@@ -9,8 +9,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-STAGES=${GD_STAGES:-"build test sanitize bench"}
+FINAL_OUT=$OUT
+# The device tool returns at most 8 files: logs are written to a scratch folder and packed into
+# $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
+OUT=$(mktemp -d)
+mkdir -p "$FINAL_OUT"
+STAGES=${GD_STAGES:-"build test bench sanitize"}
+SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-240}
 TOOLS=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
 BUILD=build-gpu
 export PATH=/usr/local/cuda/bin:$PATH
@@ -18,6 +23,17 @@ export GRAPHDECODE_REQUIRE_GPU=1
 declare -a SUMMARY
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+finish() {
+  {
+    echo
+    echo "================ gpu-check summary ================"
+    printf '%s\n' "${SUMMARY[@]}"
+  } | tee "$OUT/summary.txt"
+  cp "$OUT/summary.txt" "$FINAL_OUT/" 2>/dev/null
+  cp "$OUT"/*.json "$FINAL_OUT/" 2>/dev/null
+  tar -C "$OUT" -czf "$FINAL_OUT/gpu-check-logs.tar.gz" .
+  exit "$1"
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 note "device" "$(head -1 "$OUT/gpu.txt")"
@@ -28,7 +44,7 @@ if has build; then
       > "$OUT/configure.log" 2>&1 && cmake --build $BUILD -j 16 > "$OUT/build.log" 2>&1; then
     note "build" "ok ($(( $(date +%s) - start )) s)"
   else
-    note "build" "FAILED (see build.log)"; tail -40 "$OUT/build.log"; printf '%s\n' "${SUMMARY[@]}"; exit 1
+    note "build" "FAILED (see build.log)"; grep -E 'error|FAILED' "$OUT/build.log" | head -40; finish 1
   fi
 fi
 
@@ -39,23 +55,6 @@ if has test; then
   skipped=$(grep -c '\*\*\*Skipped\|Not Run (Skipped)' "$OUT/ctest.log" || true)
   note "ctest (all)" "$line; skipped: $skipped"
   grep -E '\*\*\*Failed|\*\*\*Exception|Timeout' "$OUT/ctest.log" | head -20
-fi
-
-if has sanitize; then
-  while read -r bin; do
-    [ -x "$bin" ] || continue
-    name=$(basename "$bin")
-    for tool in $TOOLS; do
-      log="$OUT/sanitize-$tool.log"
-      echo "=== $name ($tool)" >> "$log"
-      GRAPHDECODE_SANITIZE=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        "$bin" --gtest_brief=1 >> "$log" 2>&1
-      rc=$?
-      errs=$(tac "$log" | sed '/^=== /q' | grep -oE 'ERROR SUMMARY: [0-9]+' | head -1 | grep -oE '[0-9]+')
-      [ $rc -ne 0 ] && status=1
-      note "$tool $name" "rc=$rc errors=${errs:-?}"
-    done
-  done < $BUILD/gpu_tests.txt
 fi
 
 if has bench; then
@@ -86,7 +85,21 @@ if has bench; then
   fi
 fi
 
-echo
-echo "================ gpu-check summary ================"
-printf '%s\n' "${SUMMARY[@]}"
-exit $status
+if has sanitize; then
+  while read -r bin; do
+    [ -x "$bin" ] || continue
+    name=$(basename "$bin")
+    for tool in $TOOLS; do
+      log="$OUT/sanitize-$tool.log"
+      echo "=== $name ($tool)" >> "$log"
+      GRAPHDECODE_SANITIZE=1 timeout "$SANITIZE_TIMEOUT" compute-sanitizer --tool "$tool" \
+        --error-exitcode 99 "$bin" --gtest_brief=1 >> "$log" 2>&1
+      rc=$?
+      errs=$(tac "$log" | sed '/^=== /q' | grep -oE 'ERROR SUMMARY: [0-9]+' | head -1 | grep -oE '[0-9]+')
+      [ $rc -ne 0 ] && status=1
+      note "$tool $name" "rc=$rc errors=${errs:-?}"
+    done
+  done < $BUILD/gpu_tests.txt
+fi
+
+finish $status
