@@ -43,10 +43,10 @@ struct WorkItem {
   int q_begin;       // first query row of the request in q / out
   int q_len;
   int kv_len;
-  int kb, ke;        // keys [kb, ke) this item may read
-  int pos0;          // position of token tok0 (causal); unused in cross mode
+  int kb, ke;  // keys [kb, ke) this item may read
+  int pos0;    // position of token tok0 (causal); unused in cross mode
   int window;
-  bool split;        // write partials instead of out
+  bool split;  // write partials instead of out
   int part_off;
 };
 
@@ -56,7 +56,10 @@ __device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item
   int lo = 0, hi = n - 1;  // last request whose item_start <= item
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (p.plan.item_start[mid] <= item) lo = mid; else hi = mid - 1;
+    if (p.plan.item_start[mid] <= item)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int r = lo;
   const int tiles = p.plan.num_tiles[r];
@@ -103,20 +106,28 @@ template <typename T, int kHeadDim>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
                                              T* sK, T* sV) {
   using C = TileConfig<kHeadDim>;
+  constexpr int kLoads = kBlockN * C::kChunksPerRow / kThreads;  // 16-byte copies per thread
+  constexpr int kRowStep = kThreads / C::kChunksPerRow;
+  static_assert(kThreads % C::kChunksPerRow == 0, "a thread keeps one chunk column");
   const int slot = p.batch.slot[w.request];
+  const int ch = threadIdx.x % C::kChunksPerRow;
+  const int row0 = threadIdx.x / C::kChunksPerRow;
+  // All page-table reads first, so they are in flight together instead of one per copy.
+  int page[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int key = key0 + row0 + j * kRowStep;
+    page[j] = (key >= w.kb && key < w.ke) ? page_of_token(p.kv, slot, key) : kInvalidPage;
+  }
   const T* K = static_cast<const T*>(p.kv.k);
   const T* V = static_cast<const T*>(p.kv.v);
-  for (int i = threadIdx.x; i < kBlockN * C::kChunksPerRow; i += kThreads) {
-    const int row = i / C::kChunksPerRow;
-    const int ch = i % C::kChunksPerRow;
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int row = row0 + j * kRowStep;
     const int key = key0 + row;
-    bool valid = key >= w.kb && key < w.ke;
-    std::int64_t off = 0;
-    if (valid) {
-      const int page = page_of_token(p.kv, slot, key);
-      valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
-      off = kv_element_offset(p.kv, page, w.kv_head, key % p.kv.page_size) + ch * 8;
-    }
+    const bool valid = page[j] >= 0 && page[j] < p.kv.num_pages;  // never a released page
+    const std::int64_t off =
+        valid ? kv_element_offset(p.kv, page[j], w.kv_head, key % p.kv.page_size) + ch * 8 : 0;
     const int s = swizzled_offset<kHeadDim>(row, ch);
     cp_async_16(sK + s, K + off, valid);
     cp_async_16(sV + s, V + off, valid);
@@ -238,13 +249,14 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(sQ + swizzled_offset<kHeadDim>(wq * 16 + lane % 16,
-                                                              kk * 2 + lane / 16)));
+      ldmatrix_x4(
+          a, smem_addr(sQ + swizzled_offset<kHeadDim>(wq * 16 + lane % 16, kk * 2 + lane / 16)));
 #pragma unroll
       for (int nb2 = 0; nb2 < kNB / 2; ++nb2) {
         uint32_t b[4];
         const int krow = wk * kKeysPerWarp + nb2 * 16 + (lane / 16) * 8 + lane % 8;
-        ldmatrix_x4(b, smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, kk * 2 + (lane / 8) % 2)));
+        ldmatrix_x4(b,
+                    smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, kk * 2 + (lane / 8) % 2)));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_16816<T>(s[2 * nb2], a, b0);
         mma_16816<T>(s[2 * nb2 + 1], a, b1);
@@ -301,7 +313,8 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 #pragma unroll
       for (int db = 0; db < kDB / 2; ++db) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, db * 2 + lane / 16)));
+        ldmatrix_x4_trans(b,
+                          smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, db * 2 + lane / 16)));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_16816<T>(o[2 * db], a, b0);
         mma_16816<T>(o[2 * db + 1], a, b1);

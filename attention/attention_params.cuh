@@ -8,12 +8,12 @@
 
 namespace graphdecode::attn {
 
-constexpr int kThreads = 128;       // 4 warps per CTA
-constexpr int kBlockN = 64;         // keys per shared-memory tile; chunks are multiples of it
-constexpr int kMaxRows = 64;        // query rows (token x head-in-group) per CTA, extend layout
-constexpr int kDecodeRows = 16;     // a tile of <= 16 rows runs the decode layout (warps split KV)
+constexpr int kThreads = 128;    // 4 warps per CTA
+constexpr int kBlockN = 64;      // keys per shared-memory tile; chunks are multiples of it
+constexpr int kMaxRows = 64;     // query rows (token x head-in-group) per CTA, extend layout
+constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout (warps split KV)
 constexpr int kPlanThreads = 256;
-constexpr int kNoSplit = 1 << 30;   // chunk size meaning "one chunk" (a multiple of kBlockN)
+constexpr int kNoSplit = 1 << 30;     // chunk size meaning "one chunk" (a multiple of kBlockN)
 constexpr int kMinSplitTokens = 256;  // adaptive mode never splits finer than this
 constexpr int kMaxAdaptiveChunks = 64;
 
@@ -40,10 +40,10 @@ struct PlanParams {
   std::int32_t tokens_per_tile;  // extend layout: kMaxRows / group
   bool causal;
   bool deterministic;
-  std::int32_t split_tokens;   // deterministic chunk size
-  std::int32_t target_ctas;    // adaptive mode: split until about this many CTAs
-  std::int64_t max_partials;   // capacity of the partial buffers (entries)
-  std::int32_t max_work;       // capacity of the work list (CTAs of the attention grid)
+  std::int32_t split_tokens;  // deterministic chunk size
+  std::int32_t target_ctas;   // adaptive mode: split until about this many CTAs
+  std::int64_t max_partials;  // capacity of the partial buffers (entries)
+  std::int32_t max_work;      // capacity of the work list (CTAs of the attention grid)
 };
 
 struct KernelParams {

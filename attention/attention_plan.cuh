@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   }
   int adaptive_chunks = 1;
   if (!p.deterministic && total_base > 0 && total_base < p.target_ctas) {
-    adaptive_chunks = min(kMaxAdaptiveChunks, (p.target_ctas + total_base - 1) / total_base);
+    // Floor: anchored chunking may add one chunk, and one wave of CTAs beats a wave and a bit.
+    adaptive_chunks = min(kMaxAdaptiveChunks, max(1, p.target_ctas / total_base));
   }
 
   // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.

@@ -16,7 +16,7 @@
 namespace graphdecode {
 namespace attn {
 
-constexpr int kDefaultSplitTokens = 2048;
+constexpr int kDefaultSplitTokens = 1024;
 constexpr int kMergeWarps = 4;
 
 // One warp per (query token, q head) of a split request: merges its chunks in chunk order.
@@ -32,7 +32,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   int lo = 0, hi = n - 1;  // request holding `token`: last r with q_start[r] <= token
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (p.batch.q_start[mid] <= token) lo = mid; else hi = mid - 1;
+    if (p.batch.q_start[mid] <= token)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int r = lo;
   const int chunks = p.plan.num_chunks[r];
@@ -77,8 +80,7 @@ void enable_smem() {
 
 template <typename T, int kHeadDim>
 void launch(const KernelParams& kp, int grid, int merge_grid, cudaStream_t stream) {
-  attention_kernel<T, kHeadDim>
-      <<<grid, kThreads, TileConfig<kHeadDim>::kSmemBytes, stream>>>(kp);
+  attention_kernel<T, kHeadDim><<<grid, kThreads, TileConfig<kHeadDim>::kSmemBytes, stream>>>(kp);
   GD_CHECK_LAUNCH();
   merge_partials_kernel<T><<<merge_grid, kMergeWarps * 32, 0, stream>>>(kp);
   GD_CHECK_LAUNCH();
@@ -89,10 +91,14 @@ template <typename Fn>
 void dispatch(DType dtype, int head_dim, Fn&& fn) {
   auto by_dim = [&](auto tag) {
     switch (head_dim) {
-      case 64: return fn(tag, std::integral_constant<int, 64>{});
-      case 128: return fn(tag, std::integral_constant<int, 128>{});
-      case 256: return fn(tag, std::integral_constant<int, 256>{});
-      default: GD_REQUIRE(false, "head_dim", head_dim, "unsupported head dim (64, 128, 256)");
+      case 64:
+        return fn(tag, std::integral_constant<int, 64>{});
+      case 128:
+        return fn(tag, std::integral_constant<int, 128>{});
+      case 256:
+        return fn(tag, std::integral_constant<int, 256>{});
+      default:
+        GD_REQUIRE(false, "head_dim", head_dim, "unsupported head dim (64, 128, 256)");
     }
   };
   if (dtype == DType::kBF16)
@@ -107,11 +113,11 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   using namespace attn;
   GD_REQUIRE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, "head_dim", c.head_dim,
              "unsupported head dim (supported: 64, 128, 256)");
-  GD_REQUIRE(c.dtype == DType::kBF16 || c.dtype == DType::kFP16, "dtype",
-             static_cast<int>(c.dtype), "unsupported dtype (bf16 or fp16)");
+  GD_REQUIRE(c.dtype == DType::kBF16 || c.dtype == DType::kFP16, "dtype", static_cast<int>(c.dtype),
+             "unsupported dtype (bf16 or fp16)");
   GD_REQUIRE(c.num_kv_heads > 0, "num_kv_heads", c.num_kv_heads, "must be positive");
-  GD_REQUIRE(c.num_q_heads > 0 && c.num_q_heads % c.num_kv_heads == 0, "num_q_heads",
-             c.num_q_heads, "must be a positive multiple of num_kv_heads");
+  GD_REQUIRE(c.num_q_heads > 0 && c.num_q_heads % c.num_kv_heads == 0, "num_q_heads", c.num_q_heads,
+             "must be a positive multiple of num_kv_heads");
   const int group = c.num_q_heads / c.num_kv_heads;
   GD_REQUIRE(group <= kDecodeRows, "group_size", group,
              "GQA group larger than 16 query heads per KV head is not supported");
@@ -129,9 +135,8 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   target_ctas_ = 2 * sms;
 
-  const long long tiles_cap =
-      static_cast<long long>(c.max_batch) + (c.max_q_tokens + (kMaxRows / group) - 1) /
-                                                (kMaxRows / group);
+  const long long tiles_cap = static_cast<long long>(c.max_batch) +
+                              (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);
   if (c.deterministic) {
     max_chunks_ = c.max_kv_len / split_tokens_ + 2;
     max_work_ = tiles_cap * c.num_kv_heads * max_chunks_;
@@ -141,8 +146,8 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     max_work_ = std::max<long long>(tiles_cap * c.num_kv_heads, 3LL * target_ctas_);
     max_partials_ = 3LL * target_ctas_ * kMaxRows;
   }
-  GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens",
-             c.max_q_tokens, "capacities too large for one attention call");
+  GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
+             "capacities too large for one attention call");
 
   plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 1);
   partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
@@ -154,8 +159,46 @@ std::size_t PagedAttention::workspace_bytes() const noexcept {
   return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes();
 }
 
-void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                         void* out, float* lse, cudaStream_t stream) const {
+attn::PlanView PagedAttention::plan_view() const {
+  const int n = config_.max_batch;
+  std::int32_t* b = plan_.data();
+  return attn::PlanView{b,
+                        b + (n + 1),
+                        b + (2 * n + 1),
+                        b + (3 * n + 1),
+                        b + (4 * n + 1),
+                        b + (5 * n + 1),
+                        b + (6 * n + 1)};
+}
+
+void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
+  using namespace attn;
+  const AttentionConfig& c = config_;
+  GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
+             "AttentionBatch pointers must be set");
+  const int group = c.num_q_heads / c.num_kv_heads;
+  PlanParams pp{};
+  pp.batch = batch;
+  pp.plan = plan_view();
+  pp.max_batch = c.max_batch;
+  pp.max_q_tokens = c.max_q_tokens;
+  pp.max_kv_len = c.max_kv_len;
+  pp.num_kv_heads = c.num_kv_heads;
+  pp.num_q_heads = c.num_q_heads;
+  pp.group = group;
+  pp.tokens_per_tile = kMaxRows / group;
+  pp.causal = c.mode == AttentionMode::kCausal;
+  pp.deterministic = c.deterministic;
+  pp.split_tokens = split_tokens_;
+  pp.target_ctas = target_ctas_;
+  pp.max_partials = max_partials_;
+  pp.max_work = static_cast<std::int32_t>(max_work_);
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pp);
+  GD_CHECK_LAUNCH();
+}
+
+void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
+                                 void* out, float* lse, cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
@@ -173,37 +216,13 @@ void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, con
              "page table rows are shorter than max_kv_len");
 
   const int group = c.num_q_heads / c.num_kv_heads;
-  const int n = c.max_batch;
-  std::int32_t* base = plan_.data();
-  PlanView plan{base, base + (n + 1), base + (2 * n + 1), base + (3 * n + 1), base + (4 * n + 1),
-                base + (5 * n + 1), base + (6 * n + 1)};
-
-  PlanParams pp{};
-  pp.batch = batch;
-  pp.plan = plan;
-  pp.max_batch = c.max_batch;
-  pp.max_q_tokens = c.max_q_tokens;
-  pp.max_kv_len = c.max_kv_len;
-  pp.num_kv_heads = c.num_kv_heads;
-  pp.num_q_heads = c.num_q_heads;
-  pp.group = group;
-  pp.tokens_per_tile = kMaxRows / group;
-  pp.causal = c.mode == AttentionMode::kCausal;
-  pp.deterministic = c.deterministic;
-  pp.split_tokens = split_tokens_;
-  pp.target_ctas = target_ctas_;
-  pp.max_partials = max_partials_;
-  pp.max_work = static_cast<std::int32_t>(max_work_);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pp);
-  GD_CHECK_LAUNCH();
-
   KernelParams kp{};
   kp.q = q;
   kp.out = out;
   kp.lse = lse;
   kp.kv = kv;
   kp.batch = batch;
-  kp.plan = plan;
+  kp.plan = plan_view();
   kp.partial_o = partial_o_.data();
   kp.partial_lse = partial_lse_.data();
   kp.max_batch = c.max_batch;
@@ -212,13 +231,18 @@ void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, con
   kp.tokens_per_tile = kMaxRows / group;
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
-  kp.causal = pp.causal;
-  const int merge_grid =
-      static_cast<int>((static_cast<long long>(c.max_q_tokens) * c.num_q_heads + kMergeWarps - 1) /
-                       kMergeWarps);
+  kp.causal = c.mode == AttentionMode::kCausal;
+  const int merge_grid = static_cast<int>(
+      (static_cast<long long>(c.max_q_tokens) * c.num_q_heads + kMergeWarps - 1) / kMergeWarps);
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
     launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), merge_grid, stream);
   });
+}
+
+void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
+                         void* out, float* lse, cudaStream_t stream) const {
+  plan(batch, stream);
+  run_planned(batch, kv, q, out, lse, stream);
 }
 
 }  // namespace graphdecode

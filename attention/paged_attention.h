@@ -30,6 +30,10 @@
 
 namespace graphdecode {
 
+namespace attn {
+struct PlanView;
+}
+
 enum class AttentionMode : std::uint8_t { kCausal = 0, kCross = 1 };
 
 // Per-step batch description. Every pointer is DEVICE memory, so a captured graph reads whatever
@@ -72,11 +76,19 @@ class PagedAttention {
   void run(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out, float* lse,
            cudaStream_t stream) const;
 
+  // run() in two halves, for a model: plan() derives the work plan of a step once (one small
+  // kernel), then every layer of this attention kind calls run_planned() with the same `batch`
+  // (same lengths and window; the K/V view, q and out change per layer). Both capture in a graph.
+  void plan(const AttentionBatch& batch, cudaStream_t stream) const;
+  void run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out,
+                   float* lse, cudaStream_t stream) const;
+
   const AttentionConfig& config() const noexcept { return config_; }
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
 
  private:
+  attn::PlanView plan_view() const;
   AttentionConfig config_;
   std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
   std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs

@@ -29,6 +29,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/stream.h"
+#include "graphs/cuda_graph.h"
 
 namespace graphdecode::bench {
 namespace {
@@ -124,7 +125,7 @@ struct Result {
   bool deterministic = false;
   bool skipped = false;
   std::string note;
-  double us = 0, gbps = 0, pct_copy = 0, tflops = 0, bytes = 0;
+  double us = 0, layer_us = 0, gbps = 0, pct_copy = 0, tflops = 0, bytes = 0;
 };
 
 // One shape: build a random paged batch with shuffled pages, capture run() in a graph, time
@@ -203,36 +204,30 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   kv.head_dim = kD;
   kv.num_pages = static_cast<std::int32_t>(num_pages);
 
-  for (int i = 0; i < 3; ++i) attn.run(batch, kv, q.data(), out.data(), nullptr, s);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  GD_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  try {
-    attn.run(batch, kv, q.data(), out.data(), nullptr, s);
-  } catch (...) {
-    GD_CUDA_NOTHROW(cudaStreamEndCapture(s, &graph));
-    if (graph) GD_CUDA_NOTHROW(cudaGraphDestroy(graph));
-    throw;
-  }
-  GD_CUDA(cudaStreamEndCapture(s, &graph));
-  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 5; ++i) GD_CUDA(cudaGraphLaunch(exec, s));
-
-  std::vector<Event> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-    GD_CHECK_LAUNCH();
-    start[i].record(s);
-    GD_CUDA(cudaGraphLaunch(exec, s));
-    stop[i].record(s);
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
-  GD_CUDA(cudaGraphExecDestroy(exec));
-  GD_CUDA(cudaGraphDestroy(graph));
-
-  r.us = median(us);
+  // Median device time of `reps` replays of a graph holding `body`, each after an L2 flush.
+  auto time_graph = [&](auto&& body) {
+    for (int i = 0; i < 3; ++i) body();
+    CudaGraph graph = CudaGraph::capture(s, body);
+    for (int i = 0; i < 5; ++i) graph.launch(s);
+    std::vector<Event> start(reps), stop(reps);
+    for (int i = 0; i < reps; ++i) {
+      l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+      GD_CHECK_LAUNCH();
+      start[i].record(s);
+      graph.launch(s);
+      stop[i].record(s);
+    }
+    GD_CUDA(cudaStreamSynchronize(s));
+    std::vector<double> us(reps);
+    for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
+    return median(us);
+  };
+  // A step: plan + attention. A layer of a model: attention only (the plan is made once a step).
+  const double step_us = time_graph([&] { attn.run(batch, kv, q.data(), out.data(), nullptr, s); });
+  attn.plan(batch, s);
+  r.layer_us = time_graph([&] { attn.run_planned(batch, kv, q.data(), out.data(), nullptr, s); });
+  const double us_step = step_us;
+  r.us = us_step;
   r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
@@ -243,17 +238,19 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
 // ---- output -------------------------------------------------------------------------------------
 
 void print_table(const std::vector<Result>& rs) {
-  std::printf("%-7s %5s %6s %2s %-5s %10s %9s %7s %8s\n", "kind", "B", "L", "N", "split", "us",
-              "GB/s", "%copy", "TFLOP/s");
+  // us: plan + attention (a standalone call); layer us: attention alone (a model plans once a
+  // step and runs every layer on that plan). GB/s, %copy and TFLOP/s use the standalone time.
+  std::printf("%-7s %5s %6s %2s %-5s %10s %9s %9s %7s %8s\n", "kind", "B", "L", "N", "split", "us",
+              "layer us", "GB/s", "%copy", "TFLOP/s");
   for (const Result& r : rs) {
     if (r.skipped) {
       std::printf("%-7s %5d %6d %2d %-5s   skipped: %s\n", r.kind.c_str(), r.batch, r.kv_len,
                   r.q_per_req, r.deterministic ? "det" : "auto", r.note.c_str());
       continue;
     }
-    std::printf("%-7s %5d %6d %2d %-5s %10.1f %9.0f %6.1f%% %8.1f\n", r.kind.c_str(), r.batch,
-                r.kv_len, r.q_per_req, r.deterministic ? "det" : "auto", r.us, r.gbps, r.pct_copy,
-                r.tflops);
+    std::printf("%-7s %5d %6d %2d %-5s %10.1f %9.1f %9.0f %6.1f%% %8.1f\n", r.kind.c_str(), r.batch,
+                r.kv_len, r.q_per_req, r.deterministic ? "det" : "auto", r.us, r.layer_us, r.gbps,
+                r.pct_copy, r.tflops);
   }
 }
 
@@ -274,8 +271,9 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
       << ", \"deterministic\": " << (r.deterministic ? "true" : "false")
       << ", \"skipped\": " << (r.skipped ? "true" : "false");
     if (!r.skipped)
-      f << ", \"us\": " << r.us << ", \"bytes\": " << r.bytes << ", \"gbps\": " << r.gbps
-        << ", \"pct_copy\": " << r.pct_copy << ", \"tflops\": " << r.tflops;
+      f << ", \"us\": " << r.us << ", \"layer_us\": " << r.layer_us << ", \"bytes\": " << r.bytes
+        << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy
+        << ", \"tflops\": " << r.tflops;
     else
       f << ", \"note\": \"" << r.note << "\"";
     f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";

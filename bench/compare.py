@@ -32,7 +32,7 @@ def main():
         peers.setdefault((r["B"], r["L"]), {})[r["backend"]] = r["us"]
     print(f"decode, 32q/8kv heads, d128, bf16 — graphdecode on {gd.get('device')} "
           f"vs SDPA (torch {sd.get('torch')})")
-    head = f"{'B':>5} {'L':>6} {'gd us':>9} {'gd det us':>10}"
+    head = f"{'B':>5} {'L':>6} {'gd us':>9} {'layer us':>9} {'gd det us':>10}"
     for n in names:
         head += f" {n + ' us':>10}"
     head += f" {'gd/best':>8}"
@@ -43,6 +43,7 @@ def main():
         g = ours.get(key)
         gdet = ours_det.get(key)
         line += f" {g['us']:>9.1f}" if g else f" {'-':>9}"
+        line += f" {g.get('layer_us', 0):>9.1f}" if g else f" {'-':>9}"
         line += f" {gdet['us']:>10.1f}" if gdet else f" {'-':>10}"
         p = peers.get(key, {})
         for n in names:
