@@ -256,9 +256,11 @@ TEST_F(KvWriteGpu, SlidingWindowSkipsReleasedPages) {
     testing::scramble_free_pages(alloc, rng);
     TableCommandBatch batch = pool.make_batch();
     const std::int32_t a = slots.acquire(), b = slots.acquire();
-    for (std::int32_t step = 0; step < 40; ++step) slots.extend(a, step < 35 ? 4 : 1, batch);
-    pool.table().apply(batch, stream);
-    batch.clear();
+    for (std::int32_t step = 0; step < 40; ++step) {  // one batch per step, as an engine does
+      slots.extend(a, step < 35 ? 4 : 1, batch);
+      pool.table().apply(batch, stream);
+      batch.clear();
+    }
     slots.extend(b, 3 * P, batch);  // takes the page ids request a released
     pool.table().apply(batch, stream);
     const std::int32_t first = slots.first_resident_page(a);
