@@ -106,28 +106,22 @@ template <typename T, int kHeadDim>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
                                              T* sK, T* sV) {
   using C = TileConfig<kHeadDim>;
-  constexpr int kLoads = kBlockN * C::kChunksPerRow / kThreads;  // 16-byte copies per thread
-  constexpr int kRowStep = kThreads / C::kChunksPerRow;
-  static_assert(kThreads % C::kChunksPerRow == 0, "a thread keeps one chunk column");
   const int slot = p.batch.slot[w.request];
-  const int ch = threadIdx.x % C::kChunksPerRow;
-  const int row0 = threadIdx.x / C::kChunksPerRow;
-  // All page-table reads first, so they are in flight together instead of one per copy.
-  int page[kLoads];
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int key = key0 + row0 + j * kRowStep;
-    page[j] = (key >= w.kb && key < w.ke) ? page_of_token(p.kv, slot, key) : kInvalidPage;
-  }
   const T* K = static_cast<const T*>(p.kv.k);
   const T* V = static_cast<const T*>(p.kv.v);
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int row = row0 + j * kRowStep;
+  // (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
+  // the per-copy form lets the compiler overlap each lookup with the previous copies.)
+  for (int i = threadIdx.x; i < kBlockN * C::kChunksPerRow; i += kThreads) {
+    const int row = i / C::kChunksPerRow;
+    const int ch = i % C::kChunksPerRow;
     const int key = key0 + row;
-    const bool valid = page[j] >= 0 && page[j] < p.kv.num_pages;  // never a released page
-    const std::int64_t off =
-        valid ? kv_element_offset(p.kv, page[j], w.kv_head, key % p.kv.page_size) + ch * 8 : 0;
+    bool valid = key >= w.kb && key < w.ke;
+    std::int64_t off = 0;
+    if (valid) {
+      const int page = page_of_token(p.kv, slot, key);
+      valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
+      off = kv_element_offset(p.kv, page, w.kv_head, key % p.kv.page_size) + ch * 8;
+    }
     const int s = swizzled_offset<kHeadDim>(row, ch);
     cp_async_16(sK + s, K + off, valid);
     cp_async_16(sV + s, V + off, valid);
