@@ -95,7 +95,8 @@ if has sanitize; then
       GRAPHDECODE_SANITIZE=1 timeout "$SANITIZE_TIMEOUT" compute-sanitizer --tool "$tool" \
         --error-exitcode 99 "$bin" --gtest_brief=1 >> "$log" 2>&1
       rc=$?
-      errs=$(tac "$log" | sed '/^=== /q' | grep -oE 'ERROR SUMMARY: [0-9]+' | head -1 | grep -oE '[0-9]+')
+      errs=$(tac "$log" | sed '/^=== /q' | grep -oE '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' \
+        | head -1 | grep -oE '[0-9]+$')
       [ $rc -ne 0 ] && status=1
       note "$tool $name" "rc=$rc errors=${errs:-?}"
     done
