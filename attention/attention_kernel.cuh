@@ -9,7 +9,8 @@
 // keys outside the item's span are never read, so released (kInvalidPage) pages are never touched.
 // Scores and P.V run on mma.sync m16n8k16 with fp32 accumulation; online softmax in the log2
 // domain. A request with one chunk writes `out`/`lse` directly; split requests write fp32
-// partials that merge_partials_kernel combines in chunk order.
+// partials and the last CTA of each (request, head, tile) combines them in chunk order
+// (merge_if_last), so a step is one launch of this kernel after the planner.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,21 +48,26 @@ struct WorkItem {
   int pos0;    // position of token tok0 (causal); unused in cross mode
   int window;
   bool split;  // write partials instead of out
+  int chunks;  // chunks of the request (all tiles and heads share the count)
+  int item;    // this CTA's work item; item - chunk is the first chunk of its (head, tile)
   int part_off;
 };
 
-__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w) {
+// Finds the request of work item `item`. All threads of the CTA take part: the item_start table is
+// scanned in parallel (one round of loads for up to 128 requests) rather than binary-searched
+// (log2(batch) dependent loads at the start of every CTA).
+__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w,
+                                                 int* s_request) {
   const int n = read_num_requests(p.batch, p.max_batch);
-  if (item >= p.plan.item_start[n]) return false;
-  int lo = 0, hi = n - 1;  // last request whose item_start <= item
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.plan.item_start[mid] <= item)
-      lo = mid;
-    else
-      hi = mid - 1;
+  if (item >= *p.plan.total_items) return false;  // uniform over the CTA
+  if (threadIdx.x == 0) *s_request = -1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    if (p.plan.item_start[i] <= item && item < p.plan.item_start[i + 1]) *s_request = i;
   }
-  const int r = lo;
+  __syncthreads();
+  const int r = *s_request;
+  if (r < 0) return false;
   const int tiles = p.plan.num_tiles[r];
   const int chunks = p.plan.num_chunks[r];
   if (tiles == 0 || chunks == 0) return false;
@@ -81,6 +87,8 @@ __device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item
   w.rows = w.tokens * p.group;
   w.window = read_window(p.batch, p.causal);
   w.split = chunks > 1;
+  w.chunks = chunks;
+  w.item = item;
   w.part_off = p.plan.part_off[r];
 
   // Keys of this chunk, then narrowed to what this tile's queries can see.
@@ -373,14 +381,62 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
 }
 
+// Split-KV merge fused into the attention kernel: the last CTA of a (request, head, tile) to finish
+// its chunk merges all chunks of those rows, in chunk order (so the result does not depend on which
+// CTA came last), writes out/lse and resets the counter for the next launch or graph replay.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkItem& w,
+                                              int* s_last) {
+  __threadfence();  // this CTA's partials are visible device-wide before it is counted
+  __syncthreads();
+  int* counter = p.merge_count + (w.item - w.chunk);
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(counter, 1) + 1;
+    *s_last = done == w.chunks;
+    if (done == w.chunks) *counter = 0;
+  }
+  __syncthreads();
+  if (!*s_last) return;
+  __threadfence();  // order the counter read before the partial reads
+  for (int e = threadIdx.x; e < w.rows * (kHeadDim / 2); e += kThreads) {
+    const int row = e / (kHeadDim / 2);
+    const int dim = (e % (kHeadDim / 2)) * 2;
+    const int tok = w.tok0 + row / p.group;
+    const int head = w.kv_head * p.group + row % p.group;
+    const std::int64_t first =
+        w.part_off + static_cast<std::int64_t>(tok) * p.num_q_heads + head;  // chunk 0
+    const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.num_q_heads;
+    float mmax = -INFINITY;
+    for (int c = 0; c < w.chunks; ++c)
+      mmax = fmaxf(mmax, __ldcg(p.partial_lse + first + c * stride));
+    float wsum = 0.f, o0 = 0.f, o1 = 0.f;
+    for (int c = 0; c < w.chunks; ++c) {
+      const std::int64_t idx = first + c * stride;
+      const float lc = __ldcg(p.partial_lse + idx);
+      const float sc = lc == -INFINITY ? 0.f : exp2f(lc - mmax);
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.partial_o + idx * kHeadDim + dim));
+      wsum += sc;
+      o0 += sc * v.x;
+      o1 += sc * v.y;
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const std::int64_t orow = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + orow * kHeadDim + dim) =
+        MmaType<T>::pack(o0 * inv, o1 * inv);
+    if (dim == 0 && p.lse != nullptr)
+      p.lse[orow] = wsum > 0.f ? (mmax + log2f(wsum)) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 2)
     attention_kernel(const __grid_constant__ KernelParams p) {
   using C = TileConfig<kHeadDim>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
+  __shared__ int s_flag;
   WorkItem w;
-  if (!decode_work_item(p, blockIdx.x, w)) return;
+  if (!decode_work_item(p, blockIdx.x, w, &s_flag)) return;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
@@ -388,6 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
   else
     attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);
+  if (w.split) merge_if_last<T, kHeadDim>(p, w, &s_flag);
 }
 
 }  // namespace graphdecode::attn

@@ -19,13 +19,14 @@ constexpr int kMaxAdaptiveChunks = 64;
 
 // Per-request plan written by the device planner. [max_batch (+1)] each.
 struct PlanView {
-  std::int32_t* item_start;  // [max_batch + 1] first work item of each request; [n] = total
-  std::int32_t* num_tiles;   // [max_batch] query tiles
-  std::int32_t* num_chunks;  // [max_batch] KV chunks (1 = written directly, no merge)
-  std::int32_t* chunk_size;  // [max_batch] keys per chunk, anchored at multiples of it
-  std::int32_t* first_key;   // [max_batch] first key any query of the request may see
-  std::int32_t* key_end;     // [max_batch] one past its last key (<= first_key: no key)
-  std::int32_t* part_off;    // [max_batch] first partial entry (token, head, chunk) of the request
+  std::int32_t* item_start;   // [max_batch + 1] first work item of each request; [n] = total
+  std::int32_t* num_tiles;    // [max_batch] query tiles
+  std::int32_t* num_chunks;   // [max_batch] KV chunks (1 = written directly, no merge)
+  std::int32_t* chunk_size;   // [max_batch] keys per chunk, anchored at multiples of it
+  std::int32_t* first_key;    // [max_batch] first key any query of the request may see
+  std::int32_t* key_end;      // [max_batch] one past its last key (<= first_key: no key)
+  std::int32_t* total_items;  // [1] work items of the step (= item_start[n]), readable at once
+  std::int32_t* part_off;     // [max_batch] first partial entry (token, head, chunk) of the request
 };
 
 struct PlanParams {
@@ -53,8 +54,9 @@ struct KernelParams {
   PagedKvView kv;
   AttentionBatch batch;
   PlanView plan;
-  float* partial_o;    // [max_partials][head_dim]
-  float* partial_lse;  // [max_partials], log2 domain
+  float* partial_o;           // [max_partials][head_dim]
+  float* partial_lse;         // [max_partials], log2 domain
+  std::int32_t* merge_count;  // [max_work] chunks finished per (request, head, tile); 0 at rest
   std::int32_t max_batch;
   std::int32_t num_q_heads;
   std::int32_t group;

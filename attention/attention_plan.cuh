@@ -133,7 +133,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     parts_carry += parts_total;
   }
   if (threadIdx.x == 0) {
-    p.plan.item_start[n] = static_cast<int>(min(items_carry, static_cast<long long>(p.max_work)));
+    const int total = static_cast<int>(min(items_carry, static_cast<long long>(p.max_work)));
+    p.plan.item_start[n] = total;
+    *p.plan.total_items = total;
   }
 }
 

@@ -1,5 +1,5 @@
-// PagedAttention: validation, capacity-sized buffers, and the three launches of run():
-// planner (1 block) -> attention kernel (grid = work capacity) -> merge of split-KV partials.
+// PagedAttention: validation, capacity-sized buffers, and the launches of run():
+// planner (1 block) -> attention kernel (grid = work capacity; split-KV merge fused in).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,59 +17,6 @@ namespace graphdecode {
 namespace attn {
 
 constexpr int kDefaultSplitTokens = 1024;
-constexpr int kMergeWarps = 4;
-
-// One warp per (query token, q head) of a split request: merges its chunks in chunk order.
-template <typename T>
-__global__ void __launch_bounds__(kMergeWarps * 32)
-    merge_partials_kernel(const __grid_constant__ KernelParams p) {
-  const int warp = blockIdx.x * kMergeWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int n = read_num_requests(p.batch, p.max_batch);
-  const int token = warp / p.num_q_heads;
-  const int head = warp % p.num_q_heads;
-  if (n == 0 || token >= p.batch.q_start[n] || token < p.batch.q_start[0]) return;
-  int lo = 0, hi = n - 1;  // request holding `token`: last r with q_start[r] <= token
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.batch.q_start[mid] <= token)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int r = lo;
-  const int chunks = p.plan.num_chunks[r];
-  if (chunks <= 1) return;  // written directly by the attention kernel
-  const int q_len = p.batch.q_start[r + 1] - p.batch.q_start[r];
-  const int t = token - p.batch.q_start[r];
-  const int hd = p.kv.head_dim;
-  auto entry = [&](int c) {
-    return p.plan.part_off[r] + (static_cast<std::int64_t>(c) * q_len + t) * p.num_q_heads + head;
-  };
-  float mmax = -INFINITY;
-  for (int c = 0; c < chunks; ++c) mmax = fmaxf(mmax, p.partial_lse[entry(c)]);
-  float acc[8];  // head_dim / 32 <= 8
-#pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
-  float wsum = 0.f;
-  for (int c = 0; c < chunks; ++c) {
-    const std::int64_t e = entry(c);
-    const float lc = p.partial_lse[e];
-    const float sc = lc == -INFINITY ? 0.f : exp2f(lc - mmax);
-    wsum += sc;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j * 32 + lane < hd) acc[j] += sc * p.partial_o[e * hd + j * 32 + lane];
-  }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const std::int64_t orow = static_cast<std::int64_t>(token) * p.num_q_heads + head;
-  T* out = static_cast<T*>(p.out) + orow * hd;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (j * 32 + lane < hd) out[j * 32 + lane] = MmaType<T>::from_float(acc[j] * inv);
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[orow] = wsum > 0.f ? (mmax + log2f(wsum)) * 0.6931471805599453f : -INFINITY;
-}
 
 template <typename T, int kHeadDim>
 void enable_smem() {
@@ -79,10 +26,8 @@ void enable_smem() {
 }
 
 template <typename T, int kHeadDim>
-void launch(const KernelParams& kp, int grid, int merge_grid, cudaStream_t stream) {
+void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   attention_kernel<T, kHeadDim><<<grid, kThreads, TileConfig<kHeadDim>::kSmemBytes, stream>>>(kp);
-  GD_CHECK_LAUNCH();
-  merge_partials_kernel<T><<<merge_grid, kMergeWarps * 32, 0, stream>>>(kp);
   GD_CHECK_LAUNCH();
 }
 
@@ -149,14 +94,19 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
              "capacities too large for one attention call");
 
-  plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 1);
+  plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 2);
+  merge_count_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_));
+  // Zeroed once here (and synchronized: run() may come on any stream); the kernel leaves every
+  // counter at 0 again after use, so replays need no reset.
+  merge_count_.fill_bytes(0, nullptr);
+  GD_CUDA(cudaStreamSynchronize(nullptr));
   partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
   partial_lse_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_));
   dispatch(c.dtype, c.head_dim, [](auto t, auto d) { enable_smem<decltype(t), d.value>(); });
 }
 
 std::size_t PagedAttention::workspace_bytes() const noexcept {
-  return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes();
+  return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes() + merge_count_.bytes();
 }
 
 attn::PlanView PagedAttention::plan_view() const {
@@ -168,7 +118,8 @@ attn::PlanView PagedAttention::plan_view() const {
                         b + (3 * n + 1),
                         b + (4 * n + 1),
                         b + (5 * n + 1),
-                        b + (6 * n + 1)};
+                        b + (6 * n + 1),
+                        b + (7 * n + 1)};
 }
 
 void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
@@ -225,6 +176,7 @@ void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView&
   kp.plan = plan_view();
   kp.partial_o = partial_o_.data();
   kp.partial_lse = partial_lse_.data();
+  kp.merge_count = merge_count_.data();
   kp.max_batch = c.max_batch;
   kp.num_q_heads = c.num_q_heads;
   kp.group = group;
@@ -232,10 +184,8 @@ void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView&
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.causal = c.mode == AttentionMode::kCausal;
-  const int merge_grid = static_cast<int>(
-      (static_cast<long long>(c.max_q_tokens) * c.num_q_heads + kMergeWarps - 1) / kMergeWarps);
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
-    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), merge_grid, stream);
+    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
   });
 }
 
