@@ -112,14 +112,15 @@ std::size_t PagedAttention::workspace_bytes() const noexcept {
 attn::PlanView PagedAttention::plan_view() const {
   const int n = config_.max_batch;
   std::int32_t* b = plan_.data();
-  return attn::PlanView{b,
-                        b + (n + 1),
-                        b + (2 * n + 1),
-                        b + (3 * n + 1),
-                        b + (4 * n + 1),
-                        b + (5 * n + 1),
-                        b + (6 * n + 1),
-                        b + (7 * n + 1)};
+  // Designated initializers: the layout cannot silently shift when a field is added.
+  return attn::PlanView{.item_start = b,
+                        .num_tiles = b + (n + 1),
+                        .num_chunks = b + (2 * n + 1),
+                        .chunk_size = b + (3 * n + 1),
+                        .first_key = b + (4 * n + 1),
+                        .key_end = b + (5 * n + 1),
+                        .total_items = b + (6 * n + 1),
+                        .part_off = b + (6 * n + 2)};  // [n]: ends at 7n + 2
 }
 
 void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
