@@ -1,0 +1,115 @@
+// Step preparation: from the raw step input (step_input.h) to every piece of metadata attention
+// and the model read, in static buffers at fixed addresses.
+//
+// GPU path (StepPrep::enqueue, captured inside the step graph):
+//   1. one launch_apply_table_commands per present pool kind, with pointers into the device image
+//      (the command count is read on the device);
+//   2. one single-block kernel (CUB BlockScan / BlockReduce, rounds of kPrepThreads rows) that
+//      writes the metadata below for ALL max_batch rows and max_tokens token rows: rows past
+//      num_requests and tokens past num_tokens get inert padding values (slot kPaddingSlot, lengths
+//      0), so the result depends only on the step, never on the graph bucket.
+// CPU path (prep_step_host): the same derivations in plain C++ through the same GD_HD rules
+// (graphs/step_rules.h, common/request_rules.h), into the same layout; tests compare the two word
+// for word.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "attention/paged_attention.h"
+#include "common/buffers.h"
+#include "graphs/step_input.h"
+
+namespace graphdecode {
+
+// Word offsets of the metadata block (one int32 buffer).
+struct StepMetaLayout {
+  // Scalars.
+  static constexpr std::size_t kNumRequests = 0;
+  static constexpr std::size_t kNumTokens = 1;      // = q_start[max_batch]
+  static constexpr std::size_t kMaxQLen = 2;        // max over live rows of extend_len
+  static constexpr std::size_t kMaxKvLen = 3;       // max over live rows of prefix + extend
+  static constexpr std::size_t kMaxEncoderLen = 4;  // max over live rows of encoder_len
+  static constexpr std::size_t kMode = 5;
+  static constexpr std::size_t kTokensPerRequest = 6;
+  static constexpr std::size_t kTotalKv = 7;  // = cu_seqlens_k[max_batch]
+  static constexpr std::size_t kScalarWords = 16;
+
+  std::size_t slot = 0;            // [max_batch]      live: slot; padding: kPaddingSlot
+  std::size_t q_start = 0;         // [max_batch + 1]  cu_seqlens_q; padding rows add 0
+  std::size_t kv_len = 0;          // [max_batch]      prefix + extend; padding 0
+  std::size_t encoder_len = 0;     // [max_batch]      cross keys; padding 0
+  std::size_t cu_seqlens_k = 0;    // [max_batch + 1]  exclusive scan of kv_len
+  std::size_t cu_encoder = 0;      // [max_batch + 1]  exclusive scan of encoder_len
+  std::size_t token_request = 0;   // [max_tokens]     row of each new token; padding -1
+  std::size_t token_slot = 0;      // [max_tokens]     slot of each new token; padding 0
+  std::size_t token_position = 0;  // [max_tokens]     absolute position; padding 0
+  std::size_t token_id = 0;        // [max_tokens]     token id; padding 0
+  std::size_t total_words = 0;
+
+  static StepMetaLayout compute(std::int32_t max_batch, std::int32_t max_tokens);
+};
+
+// Trivially copyable pointers into one metadata block (host or device).
+struct StepMetaView {
+  std::int32_t* scalars = nullptr;
+  std::int32_t* slot = nullptr;
+  std::int32_t* q_start = nullptr;
+  std::int32_t* kv_len = nullptr;
+  std::int32_t* encoder_len = nullptr;
+  std::int32_t* cu_seqlens_k = nullptr;
+  std::int32_t* cu_encoder = nullptr;
+  std::int32_t* token_request = nullptr;
+  std::int32_t* token_slot = nullptr;
+  std::int32_t* token_position = nullptr;
+  std::int32_t* token_id = nullptr;
+
+  static StepMetaView over(std::int32_t* block, const StepMetaLayout& layout);
+};
+
+// CPU path: `input` points at a HOST image (StepInputView::over a host array), `out` is a host
+// block of layout.total_words words. Only the metadata is derived here; the table commands are
+// applied on the host with apply_table_commands_host (memory/table_commands.h) when needed.
+void prep_step_host(const StepInputView& input, std::int32_t max_batch, std::int32_t max_tokens,
+                    std::span<std::int32_t> out);
+
+// Page tables the GPU path applies the step's commands to; nullptr = pool kind absent.
+struct StepPrepTables {
+  std::array<std::int32_t*, kNumPoolKinds> table{};  // [max_slots][max_pages_per_slot] device
+};
+
+class StepPrep {
+ public:
+  // Allocates the metadata block. `input` must outlive this object.
+  StepPrep(const StepInput& input, const StepPrepTables& tables);
+  StepPrep(const StepPrep&) = delete;
+  StepPrep& operator=(const StepPrep&) = delete;
+
+  // Capture-safe: applies the table commands of every present pool, then derives the metadata.
+  void enqueue(cudaStream_t stream) const;
+  // The metadata kernel alone (no table commands); for benchmarks and tests.
+  void enqueue_metadata(cudaStream_t stream) const;
+
+  // Device pointers into the metadata block.
+  const StepMetaView& device() const noexcept { return view_; }
+  const StepMetaLayout& layout() const noexcept { return layout_; }
+  // Attention batch over the prep output: self (kv_len) or cross (encoder_len). window_left is a
+  // [1] device int (nullptr = full); ignored for cross.
+  AttentionBatch self_batch(const std::int32_t* window_left) const noexcept;
+  AttentionBatch cross_batch() const noexcept;
+  // Synchronous download of the whole block (tests).
+  void download(std::span<std::int32_t> host, cudaStream_t stream) const;
+
+ private:
+  const StepInput& input_;
+  StepPrepTables tables_;
+  StepMetaLayout layout_;
+  DeviceBuffer<std::int32_t> block_;  // [layout_.total_words]
+  StepMetaView view_;
+};
+
+}  // namespace graphdecode

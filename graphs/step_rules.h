@@ -1,0 +1,77 @@
+// Per-step derivations, written once as __host__ __device__ functions: the host writer
+// (step_input.cpp), the GPU prep kernel (step_prep.cu), the CPU prep path (step_prep_host.cpp) and
+// the replay fuzzer's reference all call these. The per-request rules themselves (KV extent,
+// positions, window) come from common/request_rules.h and are not restated here.
+#pragma once
+
+#include <cstdint>
+
+#include "common/request_rules.h"
+
+namespace graphdecode::step_rules {
+
+// Mode numbers as stored in the image (StepMode's values; kept as ints for device code).
+inline constexpr std::int32_t kModeDecode = 0;
+inline constexpr std::int32_t kModeExtend = 1;
+inline constexpr std::int32_t kModeTargetVerify = 2;
+inline constexpr std::int32_t kModeDraftExtendV2 = 3;
+
+// Is `extend_len` allowed for a request of a step of `mode` whose key has N = tokens_per_request?
+//   decode 1; verify exactly N; draft-extend-v2 1..N (the accepted count); extend >= 1.
+GD_HD bool extend_len_allowed(std::int32_t mode, std::int32_t tokens_per_request,
+                              std::int32_t extend_len) {
+  switch (mode) {
+    case kModeDecode:
+      return extend_len == 1;
+    case kModeTargetVerify:
+      return extend_len == tokens_per_request;
+    case kModeDraftExtendV2:
+      return extend_len >= 1 && extend_len <= tokens_per_request;
+    case kModeExtend:
+      return extend_len >= 1;
+    default:
+      return false;
+  }
+}
+
+// Row r of a bucket is live when r < num_requests; rows past it are padding and take these inert
+// values: slot kPaddingSlot (whose table row is all kReservedPage), no query, no key.
+GD_HD bool row_live(std::int32_t row, std::int32_t num_requests) {
+  return row < num_requests;
+}
+GD_HD std::int32_t row_slot(bool live, std::int32_t slot) {
+  return live ? slot : kPaddingSlot;
+}
+GD_HD std::int32_t row_q_len(bool live, std::int32_t extend_len) {
+  return live ? extend_len : 0;
+}
+// Self-attention keys of a row: the KV extent, prefix + extend (never prefix alone).
+GD_HD std::int32_t row_self_kv_len(bool live, std::int32_t prefix_len, std::int32_t extend_len) {
+  return live ? kv_extent(prefix_len, extend_len) : 0;
+}
+// Cross-attention keys of a row: that request's own encoder length.
+GD_HD std::int32_t row_cross_kv_len(bool live, std::int32_t encoder_len) {
+  return live ? encoder_len : 0;
+}
+
+// The request owning new token t, given cu_seqlens q_start[0..n] (q_start[0] = 0, strictly
+// increasing because every live request adds >= 1 token): the last r < n with q_start[r] <= t.
+// Caller guarantees 0 <= t < q_start[n].
+GD_HD std::int32_t request_of_token(const std::int32_t* q_start, std::int32_t n, std::int32_t t) {
+  std::int32_t lo = 0, hi = n;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int32_t mid = lo + (hi - lo) / 2;
+    if (q_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Inert values of a token row past num_tokens.
+inline constexpr std::int32_t kPaddingTokenRequest = -1;
+inline constexpr std::int32_t kPaddingTokenPosition = 0;
+inline constexpr std::int32_t kPaddingTokenId = 0;
+
+}  // namespace graphdecode::step_rules
