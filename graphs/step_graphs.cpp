@@ -1,0 +1,129 @@
+#include "graphs/step_graphs.h"
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "common/cuda_check.h"
+#include "common/error.h"
+
+namespace graphdecode {
+
+std::vector<std::int32_t> default_buckets(std::int32_t max_batch) {
+  GD_REQUIRE(max_batch >= 1, "max_batch", max_batch, "must be positive");
+  std::vector<std::int32_t> b;
+  for (std::int32_t x : {1, 2, 4, 8, 16, 24, 32, 48, 64}) {
+    if (x < max_batch) b.push_back(x);
+  }
+  for (std::int32_t x = 96; x < max_batch; x += x < 256 ? 32 : 64) b.push_back(x);
+  b.push_back(max_batch);
+  return b;
+}
+
+std::int32_t key_token_capacity(const GraphKey& key, std::int32_t max_tokens) {
+  std::int64_t t = max_tokens;
+  switch (key.mode) {
+    case StepMode::kDecode:
+      t = key.bucket;
+      break;
+    case StepMode::kTargetVerify:
+    case StepMode::kDraftExtendV2:
+      t = static_cast<std::int64_t>(key.bucket) * key.tokens_per_request;
+      break;
+    case StepMode::kExtend:
+      break;
+  }
+  return static_cast<std::int32_t>(std::min<std::int64_t>(t, max_tokens));
+}
+
+StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig config)
+    : input_(input), program_(program), config_(std::move(config)) {
+  const StepCapacity& cap = input_.capacity();
+  buckets_ = config_.buckets.empty() ? default_buckets(cap.max_batch) : config_.buckets;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    GD_REQUIRE(buckets_[i] >= 1 && buckets_[i] <= cap.max_batch,
+               "buckets[" + std::to_string(i) + "]", buckets_[i], "outside [1, max_batch]");
+    GD_REQUIRE(i == 0 || buckets_[i] > buckets_[i - 1], "buckets[" + std::to_string(i) + "]",
+               buckets_[i], "buckets must be strictly ascending");
+  }
+  if (config_.modes.empty()) config_.modes.push_back({StepMode::kDecode, 1});
+  for (std::size_t i = 0; i < config_.modes.size(); ++i) {
+    auto& [mode, n] = config_.modes[i];
+    const auto m = static_cast<std::int32_t>(mode);
+    GD_REQUIRE(m >= 0 && m < kNumStepModes, "modes[" + std::to_string(i) + "].mode", m,
+               "unknown step mode");
+    if (mode == StepMode::kDecode) n = 1;
+    if (mode == StepMode::kExtend) n = 0;
+    GD_REQUIRE(n >= 0 && n <= cap.max_tokens, "modes[" + std::to_string(i) + "].tokens", n,
+               "tokens per request outside [1, max_tokens]");
+    GD_REQUIRE(mode == StepMode::kExtend || mode == StepMode::kDecode || n >= 1,
+               "modes[" + std::to_string(i) + "].tokens", n,
+               "verify / draft-extend-v2 need N >= 1");
+  }
+}
+
+void StepGraphs::capture(cudaStream_t stream) {
+  if (!config_.use_graphs) return;
+  GD_REQUIRE(entries_.empty(), "capture", "twice", "graphs are captured once");
+  const std::int32_t max_tokens = input_.capacity().max_tokens;
+  GD_CUDA(cudaStreamSynchronize(stream));
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  GD_CUDA(cudaMemGetInfo(&free_before, &total));
+  for (const auto& [mode, n] : config_.modes) {
+    for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {  // largest first
+      GraphKey key{mode, n, *b};
+      const StepShape shape{*b, key_token_capacity(key, max_tokens)};
+      CudaGraph g = CudaGraph::capture(stream, [&] { program_.enqueue(shape, stream); });
+      entries_.push_back(Entry{key, std::move(g)});
+    }
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    const auto ka =
+        std::tuple(static_cast<int>(a.key.mode), a.key.tokens_per_request, a.key.bucket);
+    const auto kb =
+        std::tuple(static_cast<int>(b.key.mode), b.key.tokens_per_request, b.key.bucket);
+    return ka < kb;
+  });
+  // Upload every executable graph once so the first replay of each pays no setup.
+  for (const Entry& e : entries_) e.graph.upload(stream);
+  GD_CUDA(cudaStreamSynchronize(stream));
+  GD_CUDA(cudaMemGetInfo(&free_after, &total));
+  graph_memory_ = free_before > free_after ? free_before - free_after : 0;
+}
+
+const GraphKey* StepGraphs::find(StepMode mode, std::int32_t n, std::int32_t batch) const {
+  const Entry* e = find_entry(mode, n, batch);
+  return e ? &e->key : nullptr;
+}
+
+const StepGraphs::Entry* StepGraphs::find_entry(StepMode mode, std::int32_t n,
+                                                std::int32_t batch) const {
+  if (!config_.use_graphs) return nullptr;
+  if (mode == StepMode::kDecode) n = 1;
+  if (mode == StepMode::kExtend) n = 0;
+  for (const Entry& e : entries_) {  // ascending buckets inside a (mode, N) group
+    if (e.key.mode == mode && e.key.tokens_per_request == n && e.key.bucket >= batch) return &e;
+  }
+  return nullptr;
+}
+
+StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
+  input_.write(desc);
+  input_.upload(stream);
+  const auto batch = static_cast<std::int32_t>(desc.requests.size());
+  if (const Entry* e = find_entry(input_.mode(), input_.tokens_per_request(), batch)) {
+    e->graph.launch(stream);
+    return StepPath::kGraph;
+  }
+  const StepCapacity& cap = input_.capacity();
+  program_.enqueue(StepShape{cap.max_batch, cap.max_tokens}, stream);
+  return StepPath::kEager;
+}
+
+std::size_t StepGraphs::num_nodes() const {
+  std::size_t n = 0;
+  for (const Entry& e : entries_) n += e.graph.num_nodes();
+  return n;
+}
+
+}  // namespace graphdecode
