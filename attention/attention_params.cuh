@@ -14,7 +14,10 @@ constexpr int kMaxRows = 64;     // query rows (token x head-in-group) per CTA, 
 constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout (warps split KV)
 constexpr int kPlanThreads = 256;
 constexpr int kNoSplit = 1 << 30;     // chunk size meaning "one chunk" (a multiple of kBlockN)
-constexpr int kMinSplitTokens = 256;  // adaptive mode never splits finer than this
+#ifndef GD_ATTN_MIN_SPLIT
+#define GD_ATTN_MIN_SPLIT 256
+#endif
+constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;  // adaptive mode never splits finer than this
 constexpr int kMaxAdaptiveChunks = 64;
 
 // Per-request plan written by the device planner. [max_batch (+1)] each.

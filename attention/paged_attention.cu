@@ -78,7 +78,10 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   int device = 0, sms = 0;
   GD_CUDA(cudaGetDevice(&device));
   GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  target_ctas_ = 2 * sms;
+#ifndef GD_ATTN_TARGET_WAVES
+#define GD_ATTN_TARGET_WAVES 2
+#endif
+  target_ctas_ = GD_ATTN_TARGET_WAVES * sms;
 
   const long long tiles_cap = static_cast<long long>(c.max_batch) +
                               (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);

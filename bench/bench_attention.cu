@@ -281,10 +281,34 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
   f << "  ]\n}\n";
 }
 
+__global__ void empty_kernel() {}
+
+// The same measurement as bench_shape's on a graph of one empty kernel: the launch floor.
+double empty_graph_us(int reps, const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
+                      cudaStream_t s) {
+  CudaGraph graph = CudaGraph::capture(s, [&] {
+    empty_kernel<<<1, 32, 0, s>>>();
+    GD_CHECK_LAUNCH();
+  });
+  for (int i = 0; i < 5; ++i) graph.launch(s);
+  std::vector<Event> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+    GD_CHECK_LAUNCH();
+    start[i].record(s);
+    graph.launch(s);
+    stop[i].record(s);
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
+  return median(us);
+}
+
 int run_main(int argc, char** argv) {
   std::string json;
   int reps = 100;
-  bool quick = false;
+  bool quick = false, small = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -293,8 +317,11 @@ int run_main(int argc, char** argv) {
       reps = std::max(50, std::atoi(argv[++i]));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--small-batch") {  // B 1 and 8 only, adaptive split only: for tuning
+      small = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -310,18 +337,23 @@ int run_main(int argc, char** argv) {
   flush.fill_bytes(0, s);
   std::mt19937_64 rng(20261122);
 
+  std::printf("graph launch floor (one empty kernel, same timing method): %.1f us\n",
+              empty_graph_us(reps, flush, sink, s));
+
   std::vector<Result> rs;
-  const std::vector<std::int32_t> batches =
-      quick ? std::vector<std::int32_t>{1, 64} : std::vector<std::int32_t>{1, 8, 64, 256};
-  const std::vector<std::int32_t> lens = quick ? std::vector<std::int32_t>{2048, 8192}
-                                               : std::vector<std::int32_t>{512, 2048, 8192, 32768};
-  for (bool det : {false, true})
+  std::vector<std::int32_t> batches{1, 8, 64, 256};
+  std::vector<std::int32_t> lens{512, 2048, 8192, 32768};
+  if (quick) batches = {1, 64}, lens = {2048, 8192};
+  if (small) batches = {1, 8};
+  for (bool det : {false, true}) {
+    if (small && det) continue;
     for (std::int32_t b : batches)
       for (std::int32_t l : lens)
         rs.push_back(bench_shape(b, l, 1, det, reps, copy_gbps, flush, sink, rng, s));
+  }
   for (bool det : {false, true})
     for (std::int32_t n : {4, 8})
-      rs.push_back(bench_shape(64, 8192, n, det, reps, copy_gbps, flush, sink, rng, s));
+      if (!small) rs.push_back(bench_shape(64, 8192, n, det, reps, copy_gbps, flush, sink, rng, s));
 
   print_table(rs);
   if (!json.empty()) write_json(json, dev, copy_gbps, reps, rs);
