@@ -137,11 +137,25 @@ KvPoolConfig pool_config(const AttentionStackConfig& c, LayerKind kind) {
   pc.shape.num_kv_heads = c.num_kv_heads;
   pc.shape.head_dim = c.head_dim;
   pc.shape.dtype = c.dtype;
-  // Per step: releases, truncates and extends of every slot; pages for the step's new tokens.
-  pc.max_commands = 4 * g.max_slots;
-  pc.max_page_ids =
-      std::min(g.num_pages, c.max_tokens / c.page_size + 2 * c.max_batch + 2 * g.max_slots);
+  // Eager table updates (encode, apply_table) keep the pool's default capacities.
   return pc;
+}
+
+// Per step: releases, truncates and extends of every slot (<= 2 commands each); page ids for the
+// step's new tokens (each request may start a page mid-way) or, for a cross pool, for a batch
+// of arrivals. Smaller than the pool's eager capacities so the one copy per step stays small.
+StepPoolCapacity step_pool_capacity(const AttentionStackConfig& c, LayerKind kind) {
+  const KvPoolConfig pc = pool_config(c, kind);
+  const PoolGeometry& g = pc.geometry;
+  StepPoolCapacity p;
+  p.present = true;
+  p.geometry = g;
+  p.max_commands = 4 * g.max_slots;
+  const std::int64_t ids = kind == LayerKind::kCross
+                               ? static_cast<std::int64_t>(c.max_batch) * g.max_pages_per_slot
+                               : c.max_tokens / c.page_size + 2 * c.max_batch + 2 * g.max_slots;
+  p.max_page_ids = static_cast<std::int32_t>(std::min<std::int64_t>(g.num_pages, ids));
+  return p;
 }
 
 }  // namespace
@@ -177,12 +191,7 @@ StepCapacity stack_step_capacity(const AttentionStackConfig& c) {
   cap.max_encoder_len = c.has(LayerKind::kCross) ? c.max_encoder_len : 0;
   for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding, LayerKind::kCross}) {
     if (!c.has(k)) continue;
-    const KvPoolConfig pc = pool_config(c, k);
-    StepPoolCapacity& p = cap.pools[pool_index(pool_kind_of(k))];
-    p.present = true;
-    p.geometry = pc.geometry;
-    p.max_commands = pc.max_commands;
-    p.max_page_ids = pc.max_page_ids;
+    cap.pools[pool_index(pool_kind_of(k))] = step_pool_capacity(c, k);
   }
   cap.validate();
   return cap;

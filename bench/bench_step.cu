@@ -1,0 +1,256 @@
+// bench_step: the cost of one step of graphs/.
+//   1. host time per step (StepInput::write + the one copy + one cudaGraphLaunch), CPU timer
+//      around the host work only, decode at batch 1..256 (target <= 10 us);
+//   2. device time of the prep kernels per step at batch 256 (table apply + metadata, replayed
+//      from a graph; target <= 5 us), and the metadata kernel alone;
+//   3. step time, graph replay vs eager, of a 32-layer attention stack (full/sliding/cross) at
+//      batch 1, 8, 64.
+// Prints tables; --json PATH writes the numbers.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/device.h"
+#include "common/error.h"
+#include "common/stream.h"
+#include "graphs/attention_stack.h"
+#include "graphs/cuda_graph.h"
+#include "graphs/step_graphs.h"
+#include "memory/page_allocator.h"
+#include "memory/request_slots.h"
+
+using namespace graphdecode;
+
+namespace {
+
+struct Rig {
+  AttentionStackConfig config;
+  std::unique_ptr<StepInput> input;
+  std::unique_ptr<AttentionStack> stack;
+  std::unique_ptr<StepGraphs> graphs;
+  std::vector<StepRequest> requests;  // [max_batch] decode rows, pages allocated
+  std::vector<std::int32_t> tokens;
+
+  Rig(const AttentionStackConfig& c, std::int32_t prefix, Stream& s) : config(c) {
+    input = std::make_unique<StepInput>(stack_step_capacity(c));
+    stack = std::make_unique<AttentionStack>(c, *input, s.get());
+    StepGraphsConfig g;
+    g.modes = {{StepMode::kDecode, 1}};
+    graphs = std::make_unique<StepGraphs>(*input, *stack, g);
+    // Allocate every request's pages once (prefix + the decoded token) and write encoder K/V.
+    const StepCapacity& cap = input->capacity();
+    std::vector<std::unique_ptr<PageAllocator>> allocs;
+    std::vector<std::unique_ptr<RequestSlots>> slots;
+    std::vector<std::int32_t> slot_of;  // request -> slot (the same in every pool)
+    for (int k = 0; k < kNumPoolKinds; ++k) {
+      if (!cap.pools[k].present) continue;
+      const PoolGeometry& geo = cap.pools[k].geometry;
+      auto alloc = std::make_unique<PageAllocator>(geo.num_pages);
+      auto rs = std::make_unique<RequestSlots>(geo, *alloc);
+      TableCommandBatch b = stack->pool(geo.kind).make_batch();
+      for (std::int32_t r = 0; r < c.max_batch; ++r) {
+        const std::int32_t slot = rs->acquire();
+        if (slot_of.size() < static_cast<std::size_t>(c.max_batch)) slot_of.push_back(slot);
+        GD_REQUIRE(slot_of[r] == slot, "slot", slot, "pools handed out different slots");
+        const std::int32_t len = geo.kind == PoolKind::kCross ? c.max_encoder_len : prefix + 1;
+        // Chunks of at most max_new_tokens: a sliding-window pool holds window + chunk tokens.
+        const std::int32_t chunk = geo.kind == PoolKind::kCross ? len : c.max_new_tokens;
+        for (std::int32_t done = 0; done < len; done += chunk) {
+          if (b.size() + 4 > b.max_commands() || b.page_id_count() + chunk + 2 > b.max_page_ids()) {
+            stack->apply_table(geo.kind, b, s.get());
+            s.synchronize();
+            b.clear();
+          }
+          rs->extend(slot, std::min(chunk, len - done), b);
+        }
+      }
+      stack->apply_table(geo.kind, b, s.get());
+      s.synchronize();
+      allocs.push_back(std::move(alloc));
+      slots.push_back(std::move(rs));
+    }
+    for (std::int32_t r = 0; r < c.max_batch; ++r) {
+      const std::int32_t enc = c.has(LayerKind::kCross) ? c.max_encoder_len - r % 7 : 0;
+      const std::int32_t slot = slot_of[r];
+      if (enc > 0) stack->encode(slot, static_cast<std::uint32_t>(r + 1), enc, nullptr, s.get());
+      requests.push_back({slot, prefix, 1, enc});
+      tokens.push_back(100 + r);
+    }
+    s.synchronize();
+    graphs->capture(s.get());
+  }
+
+  StepDesc desc(std::int32_t batch) const {
+    StepDesc d;
+    d.mode = StepMode::kDecode;
+    d.tokens_per_request = 1;
+    d.requests = {requests.data(), static_cast<std::size_t>(batch)};
+    d.token_ids = {tokens.data(), static_cast<std::size_t>(batch)};
+    return d;
+  }
+};
+
+AttentionStackConfig small_config(std::int32_t max_batch) {
+  AttentionStackConfig c;
+  c.layers = {LayerKind::kFull};
+  c.max_batch = max_batch;
+  c.max_tokens = max_batch;
+  c.max_new_tokens = 1;
+  c.max_slots = max_batch + 1;
+  c.max_kv_len = 128;
+  return c;
+}
+
+AttentionStackConfig stack32_config(std::int32_t max_batch) {
+  AttentionStackConfig c;
+  for (int l = 0; l < 32; ++l) {
+    c.layers.push_back(l % 4 == 3 ? LayerKind::kCross
+                                  : (l % 2 ? LayerKind::kSliding : LayerKind::kFull));
+  }
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.window_left = 255;
+  c.max_batch = max_batch;
+  c.max_tokens = std::max(max_batch, 64);
+  c.max_new_tokens = 64;
+  c.max_slots = max_batch + 1;
+  c.max_kv_len = 1040;
+  c.max_encoder_len = 256;
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::printf("usage: bench_step [--json PATH]\n");
+      return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  if (!cuda_device_available()) {
+    std::fprintf(stderr, "bench_step: no CUDA device\n");
+    return 2;
+  }
+  std::string json = "{\n";
+  try {
+    Stream s;
+    // ---- 1. host time per step -----------------------------------------------------------
+    Rig host_rig(small_config(256), 64, s);
+    std::printf("host time per step (write + copy + graph launch), decode, 1-layer stack\n");
+    std::printf("%8s %12s %12s %8s\n", "batch", "median_us", "mean_us", "path");
+    json += "  \"host_us\": {";
+    const std::int32_t batches[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    for (std::int32_t b : batches) {
+      const StepDesc d = host_rig.desc(b);
+      std::vector<double> us;
+      StepPath path = StepPath::kGraph;
+      for (int rep = 0; rep < 40; ++rep) {
+        for (int i = 0; i < 50; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          path = host_rig.graphs->step(d, s.get());
+          const auto t1 = std::chrono::steady_clock::now();
+          if (rep > 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        }
+        s.synchronize();  // outside the timed region: keeps the launch queue short
+      }
+      double mean = 0;
+      for (double x : us) mean += x;
+      mean /= static_cast<double>(us.size());
+      std::printf("%8d %12.2f %12.2f %8s\n", b, median(us), mean,
+                  path == StepPath::kGraph ? "graph" : "eager");
+      json += (b == 1 ? "" : ", ") + std::string("\"") + std::to_string(b) +
+              "\": " + std::to_string(median(us));
+    }
+    json += "},\n";
+
+    // ---- 2. prep kernels device time at batch 256 ------------------------------------------
+    {
+      host_rig.input->write(host_rig.desc(256));
+      host_rig.input->upload(s.get());
+      const StepPrep& prep = host_rig.stack->prep();
+      const CudaGraph full = CudaGraph::capture(s.get(), [&] {
+        for (int i = 0; i < 100; ++i) prep.enqueue(s.get());
+      });
+      const CudaGraph meta = CudaGraph::capture(s.get(), [&] {
+        for (int i = 0; i < 100; ++i) prep.enqueue_metadata(s.get());
+      });
+      Event e0, e1;
+      double us_full = 0, us_meta = 0;
+      for (int which = 0; which < 2; ++which) {
+        const CudaGraph& g = which == 0 ? full : meta;
+        g.launch(s.get());  // warm
+        e0.record(s.get());
+        for (int i = 0; i < 10; ++i) g.launch(s.get());
+        e1.record(s.get());
+        e1.synchronize();
+        const double us = e1.elapsed_ms_since(e0) * 1000.0 / 1000.0;  // 10 x 100 preps
+        (which == 0 ? us_full : us_meta) = us;
+      }
+      std::printf("\nprep device time per step at batch 256 (graph of 100 preps)\n");
+      std::printf(
+          "  table apply (1 pool) + metadata: %.2f us\n  metadata kernel alone:          %.2f us\n",
+          us_full, us_meta);
+      json += "  \"prep_us_batch256\": " + std::to_string(us_full) +
+              ",\n  \"prep_metadata_us_batch256\": " + std::to_string(us_meta) + ",\n";
+    }
+
+    // ---- 3. replay vs eager, 32-layer stack ------------------------------------------------
+    std::printf(
+        "\n32-layer attention stack (F/S/F/C, 32q/8kv heads, dim 128, bf16, prefix 1024, "
+        "encoder 256, window_left 255), decode step time\n");
+    std::printf("%8s %12s %12s %8s\n", "batch", "replay_us", "eager_us", "speedup");
+    json += "  \"stack32\": [";
+    bool first = true;
+    for (std::int32_t b : {1, 8, 64}) {
+      Rig rig(stack32_config(b), 1024, s);
+      const StepDesc d = rig.desc(b);
+      double t[2] = {0, 0};
+      for (int mode = 0; mode < 2; ++mode) {
+        rig.graphs->set_use_graphs(mode == 0);
+        for (int i = 0; i < 5; ++i) rig.graphs->step(d, s.get());
+        s.synchronize();
+        Event e0, e1;
+        e0.record(s.get());
+        const int iters = 50;
+        for (int i = 0; i < iters; ++i) rig.graphs->step(d, s.get());
+        e1.record(s.get());
+        e1.synchronize();
+        t[mode] = e1.elapsed_ms_since(e0) * 1000.0 / iters;
+      }
+      std::printf("%8d %12.1f %12.1f %8.2f\n", b, t[0], t[1], t[1] / t[0]);
+      json += std::string(first ? "" : ", ") + "{\"batch\": " + std::to_string(b) +
+              ", \"replay_us\": " + std::to_string(t[0]) +
+              ", \"eager_us\": " + std::to_string(t[1]) +
+              ", \"graph_memory_bytes\": " + std::to_string(rig.graphs->graph_memory_bytes()) + "}";
+      first = false;
+    }
+    json += "]\n}\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_step: %s\n", e.what());
+    return 1;
+  }
+  if (json_path) {
+    FILE* f = std::fopen(json_path, "w");
+    if (!f) {
+      std::fprintf(stderr, "bench_step: cannot write %s\n", json_path);
+      return 1;
+    }
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
