@@ -13,7 +13,7 @@ constexpr int kBlockN = 64;      // keys per shared-memory tile; chunks are mult
 constexpr int kMaxRows = 64;     // query rows (token x head-in-group) per CTA, extend layout
 constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout (warps split KV)
 constexpr int kPlanThreads = 256;
-constexpr int kNoSplit = 1 << 30;     // chunk size meaning "one chunk" (a multiple of kBlockN)
+constexpr int kNoSplit = 1 << 30;  // chunk size meaning "one chunk" (a multiple of kBlockN)
 #ifndef GD_ATTN_MIN_SPLIT
 #define GD_ATTN_MIN_SPLIT 256
 #endif

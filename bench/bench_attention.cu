@@ -119,6 +119,24 @@ double copy_bandwidth_gbps(cudaStream_t s) {
   return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
 }
 
+// Median device time of `reps` replays of `graph`, each after an L2 flush (5 warm-up replays).
+double replay_median_us(const CudaGraph& graph, int reps, const DeviceBuffer<int4>& flush,
+                        DeviceBuffer<int>& sink, cudaStream_t s) {
+  for (int i = 0; i < 5; ++i) graph.launch(s);
+  std::vector<Event> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+    GD_CHECK_LAUNCH();
+    start[i].record(s);
+    graph.launch(s);
+    stop[i].record(s);
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
+  return median(us);
+}
+
 struct Result {
   std::string kind;  // "decode" or "verify"
   std::int32_t batch = 0, kv_len = 0, q_per_req = 1;
@@ -204,30 +222,14 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   kv.head_dim = kD;
   kv.num_pages = static_cast<std::int32_t>(num_pages);
 
-  // Median device time of `reps` replays of a graph holding `body`, each after an L2 flush.
   auto time_graph = [&](auto&& body) {
     for (int i = 0; i < 3; ++i) body();
-    CudaGraph graph = CudaGraph::capture(s, body);
-    for (int i = 0; i < 5; ++i) graph.launch(s);
-    std::vector<Event> start(reps), stop(reps);
-    for (int i = 0; i < reps; ++i) {
-      l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-      GD_CHECK_LAUNCH();
-      start[i].record(s);
-      graph.launch(s);
-      stop[i].record(s);
-    }
-    GD_CUDA(cudaStreamSynchronize(s));
-    std::vector<double> us(reps);
-    for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
-    return median(us);
+    return replay_median_us(CudaGraph::capture(s, body), reps, flush, sink, s);
   };
   // A step: plan + attention. A layer of a model: attention only (the plan is made once a step).
-  const double step_us = time_graph([&] { attn.run(batch, kv, q.data(), out.data(), nullptr, s); });
+  r.us = time_graph([&] { attn.run(batch, kv, q.data(), out.data(), nullptr, s); });
   attn.plan(batch, s);
   r.layer_us = time_graph([&] { attn.run_planned(batch, kv, q.data(), out.data(), nullptr, s); });
-  const double us_step = step_us;
-  r.us = us_step;
   r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
@@ -283,26 +285,15 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
 
 __global__ void empty_kernel() {}
 
-// The same measurement as bench_shape's on a graph of one empty kernel: the launch floor.
+// The launch floor: a graph of one empty kernel, timed like every shape.
 double empty_graph_us(int reps, const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
                       cudaStream_t s) {
-  CudaGraph graph = CudaGraph::capture(s, [&] {
-    empty_kernel<<<1, 32, 0, s>>>();
-    GD_CHECK_LAUNCH();
-  });
-  for (int i = 0; i < 5; ++i) graph.launch(s);
-  std::vector<Event> start(reps), stop(reps);
-  for (int i = 0; i < reps; ++i) {
-    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-    GD_CHECK_LAUNCH();
-    start[i].record(s);
-    graph.launch(s);
-    stop[i].record(s);
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
-  return median(us);
+  return replay_median_us(CudaGraph::capture(s,
+                                             [&] {
+                                               empty_kernel<<<1, 32, 0, s>>>();
+                                               GD_CHECK_LAUNCH();
+                                             }),
+                          reps, flush, sink, s);
 }
 
 int run_main(int argc, char** argv) {
