@@ -14,7 +14,9 @@ FINAL_OUT=$OUT
 # $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
 OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
-STAGES=${GD_STAGES:-"build test bench sanitize"}
+STAGES=${GD_STAGES:-"build test fuzz bench sanitize"}
+FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
+BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_step"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-240}
 TOOLS=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
 BUILD=build-gpu
@@ -57,10 +59,20 @@ if has test; then
   grep -E '\*\*\*Failed|\*\*\*Exception|Timeout' "$OUT/ctest.log" | head -20
 fi
 
+if has fuzz; then
+  # The replay fuzzer: graph replay vs eager bitwise, vs the float64 reference, inert padding.
+  for seed in 1 2; do
+    log="$OUT/replay_fuzz_seed$seed.log"
+    $BUILD/examples/replay_fuzz --seed $seed --steps $((FUZZ_STEPS / 2)) > "$log" 2>&1 || status=1
+    note "replay_fuzz seed $seed" "$(tail -1 "$log")"
+  done
+fi
+
 if has bench; then
   for b in $BUILD/bench/bench_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
+    [ "$BENCHES" = all ] || [[ " $BENCHES " == *" $name "* ]] || continue
     if "$b" --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1; then
       note "bench $name" "ok"
     else
@@ -69,7 +81,7 @@ if has bench; then
     cat "$OUT/$name.txt"
   done
   # Peer: PyTorch SDPA on contiguous K/V for the same decode shapes, when torch is importable.
-  if python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+  if [ "$BENCHES" = all ] && python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
     if python3 bench/sdpa_peer.py --json "$OUT/sdpa_peer.json" > "$OUT/sdpa_peer.txt" 2>&1; then
       note "bench sdpa_peer" "ok"
     else
