@@ -93,7 +93,7 @@ if has bench; then
         | tee "$OUT/compare_attention.txt"
     fi
   else
-    note "bench sdpa_peer" "skipped (no torch with CUDA)"
+    note "bench sdpa_peer" "skipped (not selected, or no torch with CUDA)"
   fi
 fi
 
