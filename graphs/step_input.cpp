@@ -224,8 +224,10 @@ StepInput::StepInput(const StepCapacity& cap) : writer_(cap), layout_(writer_.la
     std::memset(h.data(), 0, layout_.total_words * sizeof(std::int32_t));
   }
   device_ = DeviceBuffer<std::int32_t>(layout_.total_words);
-  device_.fill_bytes(0);
-  GD_CUDA(cudaDeviceSynchronize());  // the zeroed image is in place before any graph reads it
+  device_.fill_bytes(0, nullptr);
+  // Start-up only: the zeroed image is in place before any stream (even a non-blocking one)
+  // reads it. A sync of the legacy stream that did the fill, not of the whole device.
+  GD_CUDA(cudaStreamSynchronize(nullptr));
 }
 
 void StepInput::write(const StepDesc& d) {

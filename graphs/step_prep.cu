@@ -128,8 +128,8 @@ StepPrep::StepPrep(const StepInput& input, const StepPrepTables& tables)
                "a page table is needed exactly for the pools present in the step capacity");
   }
   block_ = DeviceBuffer<std::int32_t>(layout_.total_words);
-  block_.fill_bytes(0);
-  GD_CUDA(cudaDeviceSynchronize());
+  block_.fill_bytes(0, nullptr);
+  GD_CUDA(cudaStreamSynchronize(nullptr));  // start-up only: zeroed before any stream reads it
   view_ = StepMetaView::over(block_.data(), layout_);
 }
 
