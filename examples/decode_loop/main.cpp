@@ -10,6 +10,7 @@ int main() {
   std::printf("CUDA device: %s\n", graphdecode::cuda_device_available() ? "present" : "none");
   std::printf(
       "decode_loop: the Llama-family engine that this example will drive is not built yet.\n"
-      "Available now: memory/ (paged KV pools, page allocator, request tables, K/V writes).\n");
+      "Available now: memory/ (paged KV pools), attention/ (paged attention kernels), graphs/\n"
+      "(device-side step prep, graph replay); run examples/replay_fuzz to exercise them.\n");
   return 0;
 }
