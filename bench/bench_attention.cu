@@ -120,13 +120,17 @@ double copy_bandwidth_gbps(cudaStream_t s) {
 }
 
 // Median device time of `reps` replays of `graph`, each after an L2 flush (5 warm-up replays).
+bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
+
 double replay_median_us(const CudaGraph& graph, int reps, const DeviceBuffer<int4>& flush,
                         DeviceBuffer<int>& sink, cudaStream_t s) {
   for (int i = 0; i < 5; ++i) graph.launch(s);
   std::vector<Event> start(reps), stop(reps);
   for (int i = 0; i < reps; ++i) {
-    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-    GD_CHECK_LAUNCH();
+    if (g_flush) {
+      l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+      GD_CHECK_LAUNCH();
+    }
     start[i].record(s);
     graph.launch(s);
     stop[i].record(s);
@@ -310,8 +314,10 @@ int run_main(int argc, char** argv) {
       quick = true;
     } else if (a == "--small-batch") {  // B 1 and 8 only, adaptive split only: for tuning
       small = true;
+    } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
+      g_flush = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch]\n",
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--no-flush]\n",
                    argv[0]);
       return 2;
     }
