@@ -1,0 +1,94 @@
+// The model configuration of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3), parsed from a
+// Hugging Face config.json.
+//
+// Parsing resolves every HF convention once, here, so the model never looks at JSON again:
+//   - per-layer attention kind and window: `layer_types` wins when present; otherwise Qwen2/Qwen3
+//     make layers >= max_window_layers sliding when use_sliding_window; Mistral makes every layer
+//     sliding when sliding_window is non-null (absent = HF's default 4096); Llama is all full.
+//     HF sliding_window = W becomes window_left = W - 1 (common/request_rules.h). As in HF, a
+//     layer marked sliding while the window is null (Qwen: use_sliding_window false) is full.
+//   - attention biases: Llama/Qwen3 `attention_bias` puts a bias on q, k, v AND o (as HF does);
+//     Qwen2 always has q/k/v biases and no o bias; Mistral has none.
+//   - Qwen3 has per-head RMSNorms on q and k (q_norm / k_norm, [head_dim]).
+// Anything the engine cannot run exactly (other activations, MLP bias, unknown rope scaling,
+// quantized checkpoints, ...) is refused with a graphdecode::Error naming the field and value,
+// instead of being silently approximated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace graphdecode {
+
+enum class ModelFamily : std::uint8_t { kLlama, kMistral, kQwen2, kQwen3 };
+std::string_view model_family_name(ModelFamily f);  // the HF model_type: "llama", ...
+
+enum class AttentionKind : std::uint8_t { kFull, kSliding };
+
+// One decoder layer's attention. window_left < 0 for full attention.
+struct LayerAttention {
+  AttentionKind kind = AttentionKind::kFull;
+  std::int32_t window_left = -1;  // keys strictly left of the query it may see (HF W - 1)
+};
+
+// RoPE frequency scaling. kNone and kDefault both mean plain RoPE with rope_theta.
+enum class RopeScalingType : std::uint8_t { kNone, kDefault, kLinear, kLlama3 };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;                                // linear, llama3
+  double low_freq_factor = 1.0;                       // llama3
+  double high_freq_factor = 4.0;                      // llama3
+  std::int64_t original_max_position_embeddings = 0;  // llama3
+};
+
+// The element type the checkpoint stores (config `torch_dtype` / `dtype`). The engine always
+// runs bf16: float16 and float32 checkpoints are converted on load (engine/weights.h).
+enum class CheckpointDType : std::uint8_t { kBF16, kF16, kF32 };
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama;
+  std::string architecture;  // architectures[0], e.g. "LlamaForCausalLM"; may be empty
+
+  std::int32_t vocab_size = 0;
+  std::int32_t hidden_size = 0;
+  std::int32_t intermediate_size = 0;
+  std::int32_t num_hidden_layers = 0;
+  std::int32_t num_attention_heads = 0;
+  std::int32_t num_key_value_heads = 0;  // GQA; defaults to num_attention_heads
+  std::int32_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  std::int64_t max_position_embeddings = 2048;
+
+  bool tie_word_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  bool qkv_bias = false;             // q/k/v_proj.bias present
+  bool o_bias = false;               // o_proj.bias present (Llama/Qwen3 attention_bias)
+  bool qk_norm = false;              // Qwen3 self_attn.{q,k}_norm.weight [head_dim]
+  CheckpointDType checkpoint_dtype = CheckpointDType::kBF16;
+
+  std::vector<LayerAttention> layers;  // [num_hidden_layers]
+
+  // Parses a config.json text; `source` names it in errors (a path or "config.json").
+  static ModelConfig from_json_text(std::string_view text, std::string_view source = "config.json");
+  static ModelConfig from_file(const std::string& path);
+
+  // Checks the invariants the engine relies on (from_json_text calls it; call it again after
+  // editing a config by hand). Throws graphdecode::Error naming the field.
+  void validate() const;
+
+  std::int32_t q_size() const { return num_attention_heads * head_dim; }   // q_proj rows
+  std::int32_t kv_size() const { return num_key_value_heads * head_dim; }  // k/v_proj rows
+  std::int32_t gqa_group() const { return num_attention_heads / num_key_value_heads; }
+  bool any_sliding() const;
+};
+
+// A tiny valid config (Llama family, 4 layers mixing full and sliding attention, head_dim 64,
+// GQA 2:1, untied) for tests and examples that need no checkpoint.
+ModelConfig small_test_config();
+
+}  // namespace graphdecode

@@ -1,0 +1,62 @@
+// The weights of a Llama-family model on the host, in bf16, keyed by their Hugging Face names.
+//
+// expected_tensors() is the one list of what a config needs (names and shapes); both the
+// checkpoint loader and the synthetic generator follow it, so a model built from either sees the
+// same set. Uploading to the device is the model's job.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+
+namespace graphdecode {
+
+struct TensorSpec {
+  std::string name;                 // HF name, e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<std::int64_t> shape;  // HF layout: linear weights are [out_features, in_features]
+};
+
+// Every tensor `config` needs, in model order: embed_tokens [vocab, hidden]; per layer:
+// input_layernorm [hidden], q/k/v/o_proj weights ([q_size, hidden], [kv_size, hidden] x2,
+// [hidden, q_size]) and biases when configured, Qwen3 q_norm/k_norm [head_dim],
+// post_attention_layernorm [hidden], gate/up_proj [inter, hidden], down_proj [hidden, inter];
+// model.norm [hidden]; lm_head [vocab, hidden] unless tie_word_embeddings.
+std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
+
+// Checkpoint tensors that carry no weights the engine needs and are skipped without complaint:
+// RoPE inverse-frequency buffers, and lm_head.weight when it is tied to the embedding.
+bool is_ignorable_tensor(const std::string& name, const ModelConfig& config);
+
+struct HostTensor {
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint16_t> data;  // bf16 bit patterns, row-major [numel]
+  std::int64_t numel() const;
+};
+
+struct HostWeights {
+  ModelConfig config;
+  std::map<std::string, HostTensor> tensors;  // exactly expected_tensors(config)
+
+  const HostTensor& at(const std::string& name) const;  // Error naming `name` when absent
+  std::size_t total_bytes() const;
+};
+
+// Reads `dir`/config.json and the checkpoint (model.safetensors or the sharded index). Every
+// expected tensor must be present with its shape ("missing tensor" / "shape mismatch" errors
+// name it), and a tensor the model does not use is an error too ("unexpected tensor"), so a
+// config/checkpoint mismatch never loads half a model. F32/F16 are rounded to bf16 (nearest even).
+HostWeights load_checkpoint(const std::string& dir);
+
+// The same checks and conversion for a config and an already opened checkpoint.
+HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint);
+
+// Seeded random weights: linear weights, embeddings and biases ~ N(0, 0.02^2), norm weights 1.
+// Deterministic for (config, seed), independent of thread count; different seeds differ.
+HostWeights synthetic_weights(const ModelConfig& config, std::uint64_t seed);
+
+}  // namespace graphdecode
