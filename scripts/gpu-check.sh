@@ -101,6 +101,7 @@ if has sanitize; then
   while read -r bin; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")
+    [[ "$name" =~ ${GD_SANITIZE_FILTER:-.} ]] || continue  # e.g. GD_SANITIZE_FILTER='engine|sampling'
     for tool in $TOOLS; do
       log="$OUT/sanitize-$tool.log"
       echo "=== $name ($tool)" >> "$log"
