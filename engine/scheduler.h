@@ -1,0 +1,118 @@
+// Continuous-batching scheduler: host-side policy only (no CUDA), so every rule is tested on a CPU.
+//
+// Each call to next_step() admits waiting requests (FIFO) while a request slot and enough KV
+// pages are free, then plans one step:
+//   * an extend step when some admitted request still has prompt tokens to prefill: prompts are
+//     cut into chunks so the step holds at most max_step_tokens new tokens (chunked prefill);
+//   * otherwise a decode step with every decoding request (one new token each).
+// After the device ran the step, on_step_done() takes the sampled token of every request whose
+// step ended on a sampling position (decode rows; extend rows that finished their prompt),
+// applies stop tokens and max_new_tokens, and frees finished requests' slots and pages.
+//
+// KV admission is by reservation: a request is admitted only when the pages for its whole
+// extent (prompt + max_new_tokens) are free, and keeps them until it finishes. So a running
+// request never meets a full pool; when the pool is full, new requests wait (never an error,
+// never dropped). A request that could never fit is refused at submit().
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace graphdecode {
+
+using RequestId = std::int64_t;
+
+struct SamplingParams {
+  float temperature = 0.f;  // 0 = greedy
+  std::int32_t top_k = 0;   // 0 = off
+  float top_p = 1.f;        // 1 = off
+  std::uint64_t seed = 0;
+};
+
+struct RequestSpec {
+  std::vector<std::int32_t> prompt;       // token ids, non-empty
+  std::int32_t max_new_tokens = 16;       // >= 1
+  std::vector<std::int32_t> stop_tokens;  // generation ends after emitting one of these
+  SamplingParams sampling;
+};
+
+struct SchedulerConfig {
+  std::int32_t max_batch = 32;          // requests in one step, and admitted at once
+  std::int32_t max_step_tokens = 2048;  // new tokens in one extend step (prefill chunk budget)
+  std::int32_t max_context = 4096;      // prompt + generated tokens of one request
+  std::int32_t vocab_size = 0;
+  std::int32_t page_size = 16;
+  std::int32_t kv_pages = 0;  // usable pages of the (full-attention) KV pool
+
+  void validate() const;  // Error names the bad field
+};
+
+enum class StepKind : std::uint8_t { kExtend = 0, kDecode = 1 };
+
+struct PlannedRequest {
+  RequestId id = 0;
+  std::int32_t prefix_len = 0;           // tokens already in the KV cache
+  std::int32_t extend_len = 0;           // tokens this step adds
+  std::span<const std::int32_t> tokens;  // the extend_len token ids of this step
+  bool samples = false;  // the step's last token is a sampling position (prompt done / decode)
+};
+
+struct StepPlan {
+  StepKind kind = StepKind::kDecode;
+  std::vector<PlannedRequest> requests;  // empty: nothing to run
+  std::vector<RequestId> admitted;       // admitted by this call: acquire their slots first
+  bool empty() const { return requests.empty(); }
+};
+
+struct TokenEvent {
+  RequestId id = 0;
+  std::int32_t token = 0;
+  bool finished = false;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // Validates and queues a request. Error names the field (prompt, token id, max_new_tokens,
+  // context length, pages) and changes nothing; other requests are unaffected.
+  RequestId submit(RequestSpec spec);
+
+  // Admits what fits, then plans the next step. The plan's spans stay valid until on_step_done.
+  StepPlan next_step();
+
+  // `sampled[i]` is the token sampled for plan.requests[i] (ignored where samples is false).
+  // Returns one event per emitted token; finished requests release their slot and pages.
+  std::vector<TokenEvent> on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled);
+
+  std::int32_t waiting() const noexcept { return static_cast<std::int32_t>(queue_.size()); }
+  std::int32_t running() const noexcept { return static_cast<std::int32_t>(running_.size()); }
+  std::int32_t free_pages() const noexcept { return free_pages_; }
+  bool idle() const noexcept { return queue_.empty() && running_.empty(); }
+  // Tokens of a request so far (prompt + generated), while it is known to the scheduler.
+  std::span<const std::int32_t> tokens(RequestId id) const;
+  std::int32_t generated(RequestId id) const;
+
+ private:
+  struct Request {
+    RequestSpec spec;
+    std::vector<std::int32_t> tokens;  // prompt, then generated tokens
+    std::int32_t cached = 0;           // tokens in the KV cache
+    std::int32_t generated = 0;
+    std::int32_t reserved_pages = 0;
+  };
+  std::int32_t pages_for(const RequestSpec& s) const;
+  const Request& find(RequestId id) const;
+
+  SchedulerConfig config_;
+  std::int32_t free_pages_ = 0;
+  RequestId next_id_ = 1;
+  std::deque<RequestId> queue_;     // waiting, FIFO
+  std::vector<RequestId> running_;  // admitted, in admission order
+  std::unordered_map<RequestId, Request> requests_;
+};
+
+}  // namespace graphdecode
