@@ -10,6 +10,7 @@
 #include "common/stream.h"
 #include "common/version.h"
 #include "engine/model_config.h"
+#include "engine/scheduler.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "graphs/attention_stack.h"
