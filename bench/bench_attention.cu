@@ -317,8 +317,9 @@ int run_main(int argc, char** argv) {
     } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
       g_flush = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--no-flush]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--no-flush]\n",
+          argv[0]);
       return 2;
     }
   }
