@@ -1,0 +1,41 @@
+#include "engine/gemm.h"
+
+#include <library_types.h>
+
+namespace graphdecode::engine {
+
+Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
+  GD_CUBLAS(cublasCreate(&handle_));
+  // Tensor-core math with fp32 accumulation; no atomics, so a GEMM's result is reproducible.
+  const cublasStatus_t st = cublasSetAtomicsMode(handle_, CUBLAS_ATOMICS_NOT_ALLOWED);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(handle_);
+    handle_ = nullptr;
+    GD_CUBLAS(st);
+  }
+}
+
+Gemm::~Gemm() {
+  if (handle_ != nullptr) static_cast<void>(cublasDestroy(handle_));
+}
+
+void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
+  GD_REQUIRE(a.rows >= 0, "rows", a.rows, "must not be negative");
+  GD_REQUIRE(a.in > 0, "in", a.in, "must be positive");
+  GD_REQUIRE(a.out > 0, "out", a.out, "must be positive");
+  GD_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "x/w/y", "nullptr",
+             "GEMM operands must be set");
+  if (a.rows == 0) return;
+  GD_CUBLAS(cublasSetStream(handle_, stream));
+  GD_CUBLAS(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
+  const float alpha = 1.f;
+  const float beta = 0.f;
+  // Column-major view: y^T [out][rows] = W [out][in] (stored as col-major [in][out], so op T)
+  // times x^T [in][rows] (row-major x is col-major [in][rows], op N).
+  const cudaDataType_t ctype = a.out_type == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  GD_CUBLAS(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, a.out, a.rows, a.in, &alpha, a.w,
+                         CUDA_R_16BF, a.in, a.x, CUDA_R_16BF, a.in, &beta, a.y, ctype, a.out,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace graphdecode::engine

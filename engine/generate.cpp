@@ -1,0 +1,135 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "graphs/step_graphs.h"
+#include "memory/page_allocator.h"
+#include "memory/request_slots.h"
+
+namespace graphdecode::engine {
+
+std::int32_t argmax(std::span<const float> row) {
+  std::int32_t best = 0;
+  for (std::size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[static_cast<std::size_t>(best)]) best = static_cast<std::int32_t>(i);
+  }
+  return best;
+}
+
+LlamaModelOptions generation_model_options(std::span<const std::vector<std::int32_t>> prompts,
+                                           const GenerateOptions& o) {
+  GD_REQUIRE(!prompts.empty(), "prompts", 0, "need at least one prompt");
+  GD_REQUIRE(o.new_tokens >= 1, "new_tokens", o.new_tokens, "must be positive");
+  std::int32_t total = 0, longest = 0;
+  for (const auto& p : prompts) {
+    total += static_cast<std::int32_t>(p.size());
+    longest = std::max(longest, static_cast<std::int32_t>(p.size()));
+  }
+  LlamaModelOptions m;
+  m.max_batch = static_cast<std::int32_t>(prompts.size());
+  m.max_tokens = std::max(total, m.max_batch);
+  m.max_kv_len = longest + o.new_tokens;
+  m.max_new_tokens = longest;
+  m.page_size = o.page_size;
+  m.deterministic = o.deterministic;
+  return m;
+}
+
+GenerateResult generate_greedy(const HostWeights& weights,
+                               std::span<const std::vector<std::int32_t>> prompts,
+                               const GenerateOptions& o, cudaStream_t stream,
+                               const StepCallback& on_step) {
+  const std::int32_t vocab = weights.config.vocab_size;
+  for (std::size_t r = 0; r < prompts.size(); ++r) {
+    GD_REQUIRE(!prompts[r].empty(), "prompts[" + std::to_string(r) + "]", 0, "empty prompt");
+    for (std::int32_t id : prompts[r])
+      GD_REQUIRE(id >= 0 && id < vocab, "prompts[" + std::to_string(r) + "]", id,
+                 "token id outside [0, vocab)");
+  }
+  const LlamaModelOptions mo = generation_model_options(prompts, o);
+  const StepCapacity cap = llama_step_capacity(weights.config, mo);
+  StepInput input(cap);
+  LlamaModel model(weights, mo, input, stream);
+  StepGraphsConfig gc;
+  gc.modes = {{StepMode::kDecode, 1}};
+  gc.use_graphs = o.use_graphs;
+  StepGraphs graphs(input, model, gc);
+  graphs.capture(stream);
+
+  // Host bookkeeping per pool: the same slot in every pool.
+  std::array<std::unique_ptr<PageAllocator>, kNumPoolKinds> alloc;
+  std::array<std::unique_ptr<RequestSlots>, kNumPoolKinds> slots;
+  std::array<std::unique_ptr<TableCommandBatch>, kNumPoolKinds> cmds;
+  for (int k = 0; k < kNumPoolKinds; ++k) {
+    if (!cap.pools[k].present) continue;
+    alloc[k] = std::make_unique<PageAllocator>(cap.pools[k].geometry.num_pages);
+    slots[k] = std::make_unique<RequestSlots>(cap.pools[k].geometry, *alloc[k]);
+    cmds[k] =
+        std::make_unique<TableCommandBatch>(cap.pools[k].max_commands, cap.pools[k].max_page_ids);
+  }
+  const auto batch = static_cast<std::int32_t>(prompts.size());
+  std::vector<StepRequest> requests(prompts.size());
+  for (auto& r : requests) {
+    r.slot = -1;
+    for (int k = 0; k < kNumPoolKinds; ++k) {
+      if (!slots[k]) continue;
+      const std::int32_t s = slots[k]->acquire();
+      GD_REQUIRE(r.slot < 0 || r.slot == s, "slot", s, "pools handed out different slots");
+      r.slot = s;
+    }
+  }
+  std::vector<std::int32_t> ids;
+  std::vector<std::int32_t> kv(prompts.size(), 0);  // tokens cached per request
+  std::vector<float> logits(static_cast<std::size_t>(batch) * vocab);
+  std::vector<std::int32_t> picks(prompts.size());
+  GenerateResult result;
+  result.tokens.assign(prompts.size(), {});
+
+  for (std::int32_t step = 0; step < o.new_tokens; ++step) {
+    ids.clear();
+    for (std::size_t r = 0; r < prompts.size(); ++r) {
+      const std::int32_t ext = step == 0 ? static_cast<std::int32_t>(prompts[r].size()) : 1;
+      requests[r].prefix_len = kv[r];
+      requests[r].extend_len = ext;
+      if (step == 0) {
+        ids.insert(ids.end(), prompts[r].begin(), prompts[r].end());
+      } else {
+        ids.push_back(picks[r]);
+      }
+      for (int k = 0; k < kNumPoolKinds; ++k) {
+        if (slots[k]) slots[k]->extend(requests[r].slot, ext, *cmds[k]);
+      }
+      kv[r] += ext;
+    }
+    StepDesc d;
+    d.mode = step == 0 ? StepMode::kExtend : StepMode::kDecode;
+    d.tokens_per_request = step == 0 ? 0 : 1;
+    d.requests = requests;
+    d.token_ids = ids;
+    for (int k = 0; k < kNumPoolKinds; ++k) d.tables[k] = cmds[k].get();
+    const StepPath path = graphs.step(d, stream);
+    (path == StepPath::kGraph ? result.graph_steps : result.eager_steps) += 1;
+    for (auto& c : cmds) {
+      if (c) c->clear();
+    }
+    GD_CUDA(cudaMemcpyAsync(logits.data(), model.logits(), logits.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream));
+    GD_CUDA(cudaStreamSynchronize(stream));
+    for (std::int32_t r = 0; r < batch; ++r) {
+      picks[static_cast<std::size_t>(r)] = argmax(std::span<const float>(
+          logits.data() + static_cast<std::size_t>(r) * vocab, static_cast<std::size_t>(vocab)));
+      result.tokens[static_cast<std::size_t>(r)].push_back(picks[static_cast<std::size_t>(r)]);
+    }
+    if (on_step) on_step(step, logits, picks);
+  }
+  std::int32_t bad = 0;
+  GD_CUDA(cudaMemcpy(&bad, model.bad_token_flag(), sizeof(bad), cudaMemcpyDeviceToHost));
+  GD_REQUIRE(bad == 0, "bad_token_flag", bad, "the embedding saw an out-of-range token id");
+  return result;
+}
+
+}  // namespace graphdecode::engine

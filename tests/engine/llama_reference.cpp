@@ -1,0 +1,159 @@
+#include "llama_reference.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "engine/kernels/rope_freqs.h"
+#include "engine/llama_model.h"
+
+namespace graphdecode::testing {
+namespace {
+
+using Vec = std::vector<double>;
+
+double bf16(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+Vec vec(const HostTensor& t) {
+  Vec v(t.data.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16(t.data[i]);
+  return v;
+}
+
+// y[o] = sum_i W[o][i] x[i] (+ b[o])
+Vec linear(const Vec& w, const Vec& x, std::size_t out, const Vec* b = nullptr) {
+  const std::size_t in = x.size();
+  Vec y(out, 0.0);
+  for (std::size_t o = 0; o < out; ++o) {
+    double s = 0;
+    for (std::size_t i = 0; i < in; ++i) s += w[o * in + i] * x[i];
+    y[o] = s + (b ? (*b)[o] : 0.0);
+  }
+  return y;
+}
+
+void rmsnorm(Vec& x, std::size_t off, std::size_t n, const Vec& w, double eps) {
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += x[off + i] * x[off + i];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  for (std::size_t i = 0; i < n; ++i) x[off + i] = x[off + i] * inv * w[i];
+}
+
+void rope(Vec& x, std::size_t heads, std::size_t d, std::int32_t pos, const Vec& inv_freq) {
+  const std::size_t h2 = d / 2;
+  for (std::size_t h = 0; h < heads; ++h) {
+    double* p = x.data() + h * d;
+    for (std::size_t i = 0; i < h2; ++i) {
+      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
+      const double c = std::cos(a), s = std::sin(a);
+      const double x0 = p[i], x1 = p[i + h2];
+      p[i] = x0 * c - x1 * s;
+      p[i + h2] = x1 * c + x0 * s;
+    }
+  }
+}
+
+std::string ln(std::int32_t l, const char* s) {
+  return "model.layers." + std::to_string(l) + "." + s;
+}
+
+}  // namespace
+
+std::vector<double> reference_last_logits(const HostWeights& w,
+                                          std::span<const std::int32_t> tokens) {
+  const ModelConfig& c = w.config;
+  const auto H = static_cast<std::size_t>(c.hidden_size);
+  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
+  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const auto inter = static_cast<std::size_t>(c.intermediate_size);
+  const auto V = static_cast<std::size_t>(c.vocab_size);
+  const std::size_t L = tokens.size();
+  const Vec inv_freq = engine::rope_inv_freq(engine::llama_rope_config(c));
+  const Vec embed = vec(w.at("model.embed_tokens.weight"));
+
+  std::vector<Vec> x(L, Vec(H));
+  for (std::size_t t = 0; t < L; ++t)
+    for (std::size_t i = 0; i < H; ++i)
+      x[t][i] = embed[static_cast<std::size_t>(tokens[t]) * H + i];
+
+  for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const Vec wq = vec(w.at(ln(l, "self_attn.q_proj.weight")));
+    const Vec wk = vec(w.at(ln(l, "self_attn.k_proj.weight")));
+    const Vec wv = vec(w.at(ln(l, "self_attn.v_proj.weight")));
+    const Vec wo = vec(w.at(ln(l, "self_attn.o_proj.weight")));
+    Vec bq, bk, bv, bo;
+    if (c.qkv_bias) {
+      bq = vec(w.at(ln(l, "self_attn.q_proj.bias")));
+      bk = vec(w.at(ln(l, "self_attn.k_proj.bias")));
+      bv = vec(w.at(ln(l, "self_attn.v_proj.bias")));
+    }
+    if (c.o_bias) bo = vec(w.at(ln(l, "self_attn.o_proj.bias")));
+    const Vec n1 = vec(w.at(ln(l, "input_layernorm.weight")));
+    const Vec n2 = vec(w.at(ln(l, "post_attention_layernorm.weight")));
+    const Vec wg = vec(w.at(ln(l, "mlp.gate_proj.weight")));
+    const Vec wu = vec(w.at(ln(l, "mlp.up_proj.weight")));
+    const Vec wd = vec(w.at(ln(l, "mlp.down_proj.weight")));
+    std::vector<Vec> q(L), k(L), v(L);
+    for (std::size_t t = 0; t < L; ++t) {
+      Vec h = x[t];
+      rmsnorm(h, 0, H, n1, c.rms_norm_eps);
+      q[t] = linear(wq, h, hq * d, c.qkv_bias ? &bq : nullptr);
+      k[t] = linear(wk, h, hkv * d, c.qkv_bias ? &bk : nullptr);
+      v[t] = linear(wv, h, hkv * d, c.qkv_bias ? &bv : nullptr);
+      if (c.qk_norm) {
+        const Vec qn = vec(w.at(ln(l, "self_attn.q_norm.weight")));
+        const Vec kn = vec(w.at(ln(l, "self_attn.k_norm.weight")));
+        for (std::size_t hh = 0; hh < hq; ++hh) rmsnorm(q[t], hh * d, d, qn, c.rms_norm_eps);
+        for (std::size_t hh = 0; hh < hkv; ++hh) rmsnorm(k[t], hh * d, d, kn, c.rms_norm_eps);
+      }
+      rope(q[t], hq, d, static_cast<std::int32_t>(t), inv_freq);
+      rope(k[t], hkv, d, static_cast<std::int32_t>(t), inv_freq);
+    }
+    const LayerAttention& la = c.layers[static_cast<std::size_t>(l)];
+    const std::int64_t win = la.kind == AttentionKind::kSliding ? la.window_left : -1;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    for (std::size_t t = 0; t < L; ++t) {
+      Vec o(hq * d, 0.0);
+      const std::size_t first =
+          win >= 0 && static_cast<std::int64_t>(t) > win ? t - static_cast<std::size_t>(win) : 0;
+      for (std::size_t hh = 0; hh < hq; ++hh) {
+        const std::size_t g = hh / (hq / hkv);
+        Vec s(t + 1 - first);
+        double mx = -1e300;
+        for (std::size_t j = first; j <= t; ++j) {
+          double dot = 0;
+          for (std::size_t i = 0; i < d; ++i) dot += q[t][hh * d + i] * k[j][g * d + i];
+          s[j - first] = dot * scale;
+          mx = std::max(mx, s[j - first]);
+        }
+        double den = 0;
+        for (double& e : s) den += (e = std::exp(e - mx));
+        for (std::size_t j = first; j <= t; ++j)
+          for (std::size_t i = 0; i < d; ++i) o[hh * d + i] += s[j - first] / den * v[j][g * d + i];
+      }
+      const Vec a = linear(wo, o, H, c.o_bias ? &bo : nullptr);
+      for (std::size_t i = 0; i < H; ++i) x[t][i] += a[i];
+      Vec h = x[t];
+      rmsnorm(h, 0, H, n2, c.rms_norm_eps);
+      const Vec gt = linear(wg, h, inter), up = linear(wu, h, inter);
+      Vec act(inter);
+      for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
+      const Vec m = linear(wd, act, H);
+      // x[t] must keep its pre-MLP value until every later token used this layer's K/V: it does,
+      // since K/V were computed above for all tokens.
+      for (std::size_t i = 0; i < H; ++i) x[t][i] += m[i];
+    }
+  }
+  Vec h = x[L - 1];
+  rmsnorm(h, 0, H, vec(w.at("model.norm.weight")), c.rms_norm_eps);
+  const Vec head = c.tie_word_embeddings ? embed : vec(w.at("lm_head.weight"));
+  return linear(head, h, V);
+}
+
+}  // namespace graphdecode::testing

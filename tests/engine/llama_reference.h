@@ -1,0 +1,18 @@
+// Float64 CPU reference of the Llama-family forward on bf16 weights (no intermediate rounding):
+// embedding, RMSNorm, q/k/v (+bias), Qwen3 q/k norm, RoPE (engine/kernels/rope_freqs.h inverse
+// frequencies), causal attention with each layer's window, SwiGLU MLP, final norm, lm_head.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/weights.h"
+
+namespace graphdecode::testing {
+
+// Logits [vocab] of the LAST token of `tokens` (the whole sequence is run from scratch).
+std::vector<double> reference_last_logits(const HostWeights& weights,
+                                          std::span<const std::int32_t> tokens);
+
+}  // namespace graphdecode::testing
