@@ -46,12 +46,15 @@ def make_models(init_range):
 
 def hf_generate(model, prompts, new_tokens):
     toks, logits = [], []
+    # No stop token: greedy over the raw logits for exactly new_tokens (min_new_tokens would
+    # mask the eos logit and change HF's picks).
+    model.generation_config.eos_token_id = None
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             max_new_tokens=new_tokens,
                              output_logits=True, return_dict_in_generate=True,
-                             eos_token_id=None, pad_token_id=0)
+                             pad_token_id=0)
         toks.append(out.sequences[0, len(p):].tolist())
         logits.append(torch.stack([l[0].float() for l in out.logits]).cpu().numpy())
     return toks, logits  # [prompt][step], [prompt] -> [steps][vocab]
