@@ -107,8 +107,12 @@ def main():
     ap.add_argument("--init-range", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--hf-dtype", choices=["bf16", "fp32"], default="bf16",
+                    help="dtype HF computes in, on the same bf16 checkpoint (fp32 = exact "
+                         "reference of the bf16 weights, no bf16 ties in HF's logits)")
     args = ap.parse_args()
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"HF computes in {args.hf_dtype}")
     work = args.workdir or tempfile.mkdtemp(prefix="gd_parity_")
     lengths = [5, 17, 33, 40]
     rng = np.random.default_rng(args.seed)
@@ -119,7 +123,8 @@ def main():
         model = cls(config).to(torch.bfloat16)
         ckpt = os.path.join(work, name)
         model.save_pretrained(ckpt, safe_serialization=True)
-        model = cls.from_pretrained(ckpt, torch_dtype=torch.bfloat16,
+        hf_dtype = torch.bfloat16 if args.hf_dtype == "bf16" else torch.float32
+        model = cls.from_pretrained(ckpt, torch_dtype=hf_dtype,
                                     attn_implementation="eager").to("cuda").eval()
         prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in lengths]
         pf = os.path.join(work, name + "_prompts.txt")
