@@ -9,6 +9,7 @@
 #include "common/request_rules.h"
 #include "common/stream.h"
 #include "common/version.h"
+#include "engine/engine.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/scheduler.h"

@@ -43,8 +43,9 @@ struct LlamaModelOptions {
   std::int32_t max_kv_len = 2048;   // longest prefix + extend of a request
   std::int32_t max_new_tokens = 0;  // most tokens one request adds in a step; 0 = max_tokens
   std::int32_t page_size = 16;
-  std::int32_t max_slots = 0;  // 0: 2 * max_batch + 1
-  bool deterministic = false;  // batch-invariant attention split-KV
+  std::int32_t max_slots = 0;   // 0: 2 * max_batch + 1
+  std::int32_t full_pages = 0;  // pages of the full-attention pool; 0: every slot at max_kv_len
+  bool deterministic = false;   // batch-invariant attention split-KV
 };
 
 // The attention-stack view of (config, options): layer kinds, heads, window, pool sizes. Throws
@@ -78,6 +79,10 @@ class LlamaModel : public StepProgram {
   const StepPrep& prep() const noexcept { return prep_; }
   bool has_pool(PoolKind k) const noexcept { return pools_[static_cast<int>(k)] != nullptr; }
   const KvPool& pool(PoolKind k) const;
+  // [max_slots] device tokens that step_rules::kTokenFromDevice ids read; set before capture.
+  void set_token_feedback(const std::int32_t* per_slot) noexcept {
+    prep_.set_token_feedback(per_slot);
+  }
   // Eager table update of one pool (outside a step), e.g. releases of finished requests.
   void apply_table(PoolKind kind, const TableCommandBatch& batch, cudaStream_t stream);
 

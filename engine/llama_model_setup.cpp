@@ -25,6 +25,7 @@ AttentionStackConfig llama_stack_config(const ModelConfig& c, const LlamaModelOp
   s.max_batch = o.max_batch;
   s.max_tokens = o.max_tokens;
   s.max_slots = o.max_slots;
+  s.full_pages = o.full_pages;
   s.max_kv_len = o.max_kv_len;
   s.max_encoder_len = 0;
   s.max_new_tokens = o.max_new_tokens > 0 ? o.max_new_tokens : o.max_tokens;

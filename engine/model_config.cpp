@@ -351,4 +351,25 @@ ModelConfig small_test_config() {
   return c;
 }
 
+ModelConfig llama_1b_config() {
+  ModelConfig c;
+  c.family = ModelFamily::kLlama;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 128256;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = 16;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {RopeScalingType::kLlama3, 32.0, 1.0, 4.0, 8192};
+  c.max_position_embeddings = 131072;
+  c.tie_word_embeddings = true;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  c.validate();
+  return c;
+}
+
 }  // namespace graphdecode

@@ -91,4 +91,9 @@ struct ModelConfig {
 // GQA 2:1, untied) for tests and examples that need no checkpoint.
 ModelConfig small_test_config();
 
+// The shape of Llama-3.2-1B (hidden 2048, 16 layers, 32 q / 8 kv heads of 64, SwiGLU 8192, vocab
+// 128256, tied, rope theta 500000 with llama3 scaling x32): the 1B-class config of the decode
+// example and benchmark, run on synthetic weights.
+ModelConfig llama_1b_config();
+
 }  // namespace graphdecode

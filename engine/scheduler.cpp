@@ -64,6 +64,14 @@ RequestId Scheduler::submit(RequestSpec spec) {
 
 StepPlan Scheduler::next_step() {
   StepPlan plan;
+  next_step(plan);
+  return plan;
+}
+
+void Scheduler::next_step(StepPlan& plan) {
+  plan.kind = StepKind::kDecode;
+  plan.requests.clear();
+  plan.admitted.clear();
   // Admission: FIFO, so a large request at the head is not starved by small ones behind it.
   while (!queue_.empty() && running() < config_.max_batch &&
          requests_.at(queue_.front()).reserved_pages <= free_pages_) {
@@ -95,7 +103,7 @@ StepPlan Scheduler::next_step() {
                          r.cached + chunk == prompt_len});
       budget -= chunk;
     }
-    return plan;
+    return;
   }
   plan.kind = StepKind::kDecode;
   for (RequestId id : running_) {
@@ -106,11 +114,18 @@ StepPlan Scheduler::next_step() {
         std::span<const std::int32_t>(r.tokens).subspan(static_cast<std::size_t>(r.cached), 1),
         true});
   }
-  return plan;
 }
 
 std::vector<TokenEvent> Scheduler::on_step_done(const StepPlan& plan,
                                                 std::span<const std::int32_t> sampled) {
+  std::vector<TokenEvent> events;
+  on_step_done(plan, sampled, events);
+  return events;
+}
+
+void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
+                             std::vector<TokenEvent>& events) {
+  events.clear();
   GD_REQUIRE(sampled.size() == plan.requests.size(), "sampled.size()", sampled.size(),
              "needs one entry per planned request");
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {
@@ -120,7 +135,6 @@ std::vector<TokenEvent> Scheduler::on_step_done(const StepPlan& plan,
       GD_REQUIRE(sampled[i] >= 0 && sampled[i] < config_.vocab_size, "sampled token", sampled[i],
                  "outside the vocabulary");
   }
-  std::vector<TokenEvent> events;
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {
     const PlannedRequest& p = plan.requests[i];
     Request& r = requests_.at(p.id);
@@ -139,7 +153,6 @@ std::vector<TokenEvent> Scheduler::on_step_done(const StepPlan& plan,
       requests_.erase(p.id);
     }
   }
-  return events;
 }
 
 const Scheduler::Request& Scheduler::find(RequestId id) const {
@@ -153,6 +166,9 @@ std::span<const std::int32_t> Scheduler::tokens(RequestId id) const {
 }
 std::int32_t Scheduler::generated(RequestId id) const {
   return find(id).generated;
+}
+const SamplingParams& Scheduler::sampling(RequestId id) const {
+  return find(id).spec.sampling;
 }
 
 }  // namespace graphdecode

@@ -83,10 +83,15 @@ class Scheduler {
 
   // Admits what fits, then plans the next step. The plan's spans stay valid until on_step_done.
   StepPlan next_step();
+  // The same into `plan` (cleared first), reusing its storage.
+  void next_step(StepPlan& plan);
 
   // `sampled[i]` is the token sampled for plan.requests[i] (ignored where samples is false).
   // Returns one event per emitted token; finished requests release their slot and pages.
   std::vector<TokenEvent> on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled);
+  // The same into `events` (cleared first), reusing its storage.
+  void on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
+                    std::vector<TokenEvent>& events);
 
   std::int32_t waiting() const noexcept { return static_cast<std::int32_t>(queue_.size()); }
   std::int32_t running() const noexcept { return static_cast<std::int32_t>(running_.size()); }
@@ -95,6 +100,7 @@ class Scheduler {
   // Tokens of a request so far (prompt + generated), while it is known to the scheduler.
   std::span<const std::int32_t> tokens(RequestId id) const;
   std::int32_t generated(RequestId id) const;
+  const SamplingParams& sampling(RequestId id) const;
 
  private:
   struct Request {

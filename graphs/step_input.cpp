@@ -50,6 +50,7 @@ void StepCapacity::validate() const {
   GD_REQUIRE(max_slots >= 2, "max_slots", max_slots, "need the padding slot and one more");
   GD_REQUIRE(max_kv_len >= 1, "max_kv_len", max_kv_len, "must be positive");
   GD_REQUIRE(max_encoder_len >= 0, "max_encoder_len", max_encoder_len, "cannot be negative");
+  GD_REQUIRE(aux_words >= 0 && aux_words <= 64, "aux_words", aux_words, "must be in [0, 64]");
   for (int k = 0; k < kNumPoolKinds; ++k) {
     const StepPoolCapacity& p = pools[k];
     if (!p.present) continue;
@@ -78,6 +79,7 @@ StepLayout StepLayout::compute(const StepCapacity& cap) {
   l.extend_len = take(b);
   l.encoder_len = take(b);
   l.token_ids = take(static_cast<std::size_t>(cap.max_tokens));
+  l.aux = take(b * static_cast<std::size_t>(cap.aux_words));
   for (int k = 0; k < kNumPoolKinds; ++k) {
     const StepPoolCapacity& p = cap.pools[k];
     l.commands[k] = take(p.present ? kCommandWords * static_cast<std::size_t>(p.max_commands) : 0);
@@ -95,6 +97,7 @@ StepInputView StepInputView::over(const std::int32_t* image, const StepLayout& l
   v.extend_len = image + l.extend_len;
   v.encoder_len = image + l.encoder_len;
   v.token_ids = image + l.token_ids;
+  v.aux = image + l.aux;
   for (int k = 0; k < kNumPoolKinds; ++k) {
     v.commands[k] = reinterpret_cast<const TableCommand*>(image + l.commands[k]);
     v.page_ids[k] = image + l.page_ids[k];
@@ -162,9 +165,15 @@ void StepImageWriter::validate(const StepDesc& d) const {
              d.token_ids.size(),
              "must hold exactly sum(extend_len) = " + std::to_string(tokens) + " ids");
   for (std::size_t t = 0; t < d.token_ids.size(); ++t) {
-    GD_REQUIRE(d.token_ids[t] >= 0, "token_ids[" + std::to_string(t) + "]", d.token_ids[t],
-               "token ids cannot be negative");
+    const std::int32_t id = d.token_ids[t];
+    GD_REQUIRE(id >= 0 || (cap_.token_feedback && id == step_rules::kTokenFromDevice),
+               "token_ids[" + std::to_string(t) + "]", id,
+               cap_.token_feedback ? "token ids are >= 0 or kTokenFromDevice (-1)"
+                                   : "token ids cannot be negative");
   }
+  const std::size_t aux_expected = d.requests.size() * static_cast<std::size_t>(cap_.aux_words);
+  GD_REQUIRE(d.aux.size() == aux_expected, "aux", d.aux.size(),
+             "must hold requests * aux_words = " + std::to_string(aux_expected) + " words");
   for (int k = 0; k < kNumPoolKinds; ++k) {
     const TableCommandBatch* b = d.tables[k];
     if (b == nullptr || b->empty()) continue;
@@ -203,6 +212,7 @@ void StepImageWriter::fill(const StepDesc& d, std::int32_t* img) const {
   }
   if (tokens > 0)
     std::memcpy(img + layout_.token_ids, d.token_ids.data(), d.token_ids.size_bytes());
+  if (!d.aux.empty()) std::memcpy(img + layout_.aux, d.aux.data(), d.aux.size_bytes());
   for (int k = 0; k < kNumPoolKinds; ++k) {
     const TableCommandBatch* b = d.tables[k];
     const std::int32_t nc = b ? b->size() : 0;

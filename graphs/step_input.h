@@ -69,6 +69,11 @@ struct StepCapacity {
   std::int32_t max_slots = 0;        // page-table rows, padding slot included
   std::int32_t max_kv_len = 0;       // longest prefix_len + extend_len
   std::int32_t max_encoder_len = 0;  // longest encoder_len (0: no cross-attention)
+  // Words of program-defined data per request carried in the same copy (e.g. the engine's
+  // sampling parameters); the prep kernels do not read them. 0 = none.
+  std::int32_t aux_words = 0;
+  // Token ids may be step_rules::kTokenFromDevice (taken from the device feedback buffer).
+  bool token_feedback = false;
   std::array<StepPoolCapacity, kNumPoolKinds> pools{};  // [full, sliding, cross]
 
   // Throws Error naming the first bad field. No CUDA call.
@@ -91,6 +96,7 @@ struct StepLayout {
   std::size_t extend_len = 0;                         // [max_batch]
   std::size_t encoder_len = 0;                        // [max_batch]
   std::size_t token_ids = 0;                          // [max_tokens]
+  std::size_t aux = 0;                                // [max_batch][aux_words]
   std::array<std::size_t, kNumPoolKinds> commands{};  // [max_commands] TableCommand (5 words)
   std::array<std::size_t, kNumPoolKinds> page_ids{};  // [max_page_ids]
   std::size_t total_words = 0;
@@ -106,6 +112,7 @@ struct StepInputView {
   const std::int32_t* extend_len = nullptr;   // [max_batch]
   const std::int32_t* encoder_len = nullptr;  // [max_batch]
   const std::int32_t* token_ids = nullptr;    // [max_tokens]
+  const std::int32_t* aux = nullptr;          // [max_batch][aux_words]
   const TableCommand* commands[kNumPoolKinds] = {};
   const std::int32_t* page_ids[kNumPoolKinds] = {};
 
@@ -120,6 +127,8 @@ struct StepDesc {
   std::int32_t tokens_per_request = 0;
   std::span<const StepRequest> requests;
   std::span<const std::int32_t> token_ids;  // [sum extend_len], request-major
+  // [requests][capacity.aux_words] program data per request (empty when aux_words is 0).
+  std::span<const std::int32_t> aux;
   // Table commands of this step per pool kind, applied on the device before anything reads the
   // tables; nullptr = none. [full, sliding, cross]
   std::array<const TableCommandBatch*, kNumPoolKinds> tables{};

@@ -15,8 +15,9 @@ namespace {
 constexpr int kPrepThreads = 256;
 
 struct PrepParams {
-  StepInputView in;  // device image
-  StepMetaView out;  // device metadata block
+  StepInputView in;              // device image
+  StepMetaView out;              // device metadata block
+  const std::int32_t* feedback;  // [max_slots] token per slot, or nullptr
   std::int32_t max_batch;
   std::int32_t max_tokens;
 };
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kPrepThreads)
       r = step_rules::request_of_token(p.out.q_start, n, t);
       slot = p.out.slot[r];
       pos = new_token_position(p.in.prefix_len[r], t - p.out.q_start[r]);
-      id = p.in.token_ids[t];
+      id = step_rules::resolve_token_id(p.in.token_ids[t], slot, p.feedback);
     }
     p.out.token_request[t] = r;
     p.out.token_slot[t] = slot;
@@ -158,6 +159,7 @@ void StepPrep::enqueue_metadata(cudaStream_t stream) const {
   PrepParams p;
   p.in = input_.device_view();
   p.out = view_;
+  p.feedback = feedback_;
   p.max_batch = input_.capacity().max_batch;
   p.max_tokens = input_.capacity().max_tokens;
   prep_metadata_kernel<<<1, kPrepThreads, 0, stream>>>(p);

@@ -74,8 +74,9 @@ struct StepMetaView {
 // CPU path: `input` points at a HOST image (StepInputView::over a host array), `out` is a host
 // block of layout.total_words words. Only the metadata is derived here; the table commands are
 // applied on the host with apply_table_commands_host (memory/table_commands.h) when needed.
+// `feedback` ([max_slots] host, or nullptr) resolves step_rules::kTokenFromDevice token ids.
 void prep_step_host(const StepInputView& input, std::int32_t max_batch, std::int32_t max_tokens,
-                    std::span<std::int32_t> out);
+                    std::span<std::int32_t> out, const std::int32_t* feedback = nullptr);
 
 // Page tables the GPU path applies the step's commands to; nullptr = pool kind absent.
 struct StepPrepTables {
@@ -93,6 +94,9 @@ class StepPrep {
   void enqueue(cudaStream_t stream) const;
   // The metadata kernel alone (no table commands); for benchmarks and tests.
   void enqueue_metadata(cudaStream_t stream) const;
+  // Device buffer [max_slots] of the token each slot sampled last: token ids equal to
+  // step_rules::kTokenFromDevice read it. Set before capture (the pointer is baked into graphs).
+  void set_token_feedback(const std::int32_t* per_slot) noexcept { feedback_ = per_slot; }
 
   // Device pointers into the metadata block.
   const StepMetaView& device() const noexcept { return view_; }
@@ -110,6 +114,7 @@ class StepPrep {
   StepMetaLayout layout_;
   DeviceBuffer<std::int32_t> block_;  // [layout_.total_words]
   StepMetaView view_;
+  const std::int32_t* feedback_ = nullptr;
 };
 
 }  // namespace graphdecode

@@ -57,7 +57,7 @@ StepMetaView StepMetaView::over(std::int32_t* block, const StepMetaLayout& l) {
 }
 
 void prep_step_host(const StepInputView& in, std::int32_t max_batch, std::int32_t max_tokens,
-                    std::span<std::int32_t> out_block) {
+                    std::span<std::int32_t> out_block, const std::int32_t* feedback) {
   const StepMetaLayout layout = StepMetaLayout::compute(max_batch, max_tokens);
   GD_REQUIRE(out_block.size() >= layout.total_words, "out", out_block.size(),
              "smaller than the metadata layout");
@@ -108,7 +108,7 @@ void prep_step_host(const StepInputView& in, std::int32_t max_batch, std::int32_
       r = step_rules::request_of_token(out.q_start, n, t);
       slot = out.slot[r];
       pos = new_token_position(in.prefix_len[r], t - out.q_start[r]);
-      id = in.token_ids[t];
+      id = step_rules::resolve_token_id(in.token_ids[t], slot, feedback);
     }
     out.token_request[t] = r;
     out.token_slot[t] = slot;

@@ -74,4 +74,15 @@ inline constexpr std::int32_t kPaddingTokenRequest = -1;
 inline constexpr std::int32_t kPaddingTokenPosition = 0;
 inline constexpr std::int32_t kPaddingTokenId = 0;
 
+// A token id of kTokenFromDevice in the image means "the token the sampler left for this slot on
+// the device" (the per-slot feedback buffer, StepPrep::set_token_feedback), so a decode step can
+// be written before the host has read the previous step's tokens. Without a feedback buffer the
+// prep substitutes kPaddingTokenId (the writer refuses the sentinel unless the capacity allows it).
+inline constexpr std::int32_t kTokenFromDevice = -1;
+GD_HD std::int32_t resolve_token_id(std::int32_t id, std::int32_t slot,
+                                    const std::int32_t* feedback) {
+  if (id != kTokenFromDevice) return id;
+  return feedback != nullptr ? feedback[slot] : kPaddingTokenId;
+}
+
 }  // namespace graphdecode::step_rules

@@ -1,5 +1,6 @@
 #include "llama_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -64,8 +65,9 @@ std::string ln(std::int32_t l, const char* s) {
 
 }  // namespace
 
-std::vector<double> reference_last_logits(const HostWeights& w,
-                                          std::span<const std::int32_t> tokens) {
+std::vector<std::vector<double>> reference_logits(const HostWeights& w,
+                                                  std::span<const std::int32_t> tokens,
+                                                  std::size_t first) {
   const ModelConfig& c = w.config;
   const auto H = static_cast<std::size_t>(c.hidden_size);
   const auto hq = static_cast<std::size_t>(c.num_attention_heads);
@@ -150,10 +152,20 @@ std::vector<double> reference_last_logits(const HostWeights& w,
       for (std::size_t i = 0; i < H; ++i) x[t][i] += m[i];
     }
   }
-  Vec h = x[L - 1];
-  rmsnorm(h, 0, H, vec(w.at("model.norm.weight")), c.rms_norm_eps);
+  const Vec final_norm = vec(w.at("model.norm.weight"));
   const Vec head = c.tie_word_embeddings ? embed : vec(w.at("lm_head.weight"));
-  return linear(head, h, V);
+  std::vector<Vec> out;
+  for (std::size_t t = std::min(first, L - 1); t < L; ++t) {
+    Vec h = x[t];
+    rmsnorm(h, 0, H, final_norm, c.rms_norm_eps);
+    out.push_back(linear(head, h, V));
+  }
+  return out;
+}
+
+std::vector<double> reference_last_logits(const HostWeights& w,
+                                          std::span<const std::int32_t> tokens) {
+  return reference_logits(w, tokens, tokens.size() - 1).back();
 }
 
 }  // namespace graphdecode::testing

@@ -15,4 +15,9 @@ namespace graphdecode::testing {
 std::vector<double> reference_last_logits(const HostWeights& weights,
                                           std::span<const std::int32_t> tokens);
 
+// Logits [L - first][vocab] of the tokens at positions first .. L-1 of `tokens` (one forward).
+std::vector<std::vector<double>> reference_logits(const HostWeights& weights,
+                                                  std::span<const std::int32_t> tokens,
+                                                  std::size_t first);
+
 }  // namespace graphdecode::testing

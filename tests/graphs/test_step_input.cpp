@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "graphs/step_input.h"
+#include "graphs/step_rules.h"
 #include "step_gen.h"
 
 namespace graphdecode {
@@ -244,6 +245,44 @@ TEST(StepInputWriter, RejectsBadFieldsNamingThemAndLeavesTheImage) {
     EXPECT_THROW(w.write(d, image), Error);
     EXPECT_EQ(image, std::vector<std::int32_t>(w.layout().total_words, 77));
   }
+}
+
+TEST(StepInputWriter, AuxWordsTravelPerRequestAndAreSizeChecked) {
+  StepCapacity cap = with_pools();
+  cap.aux_words = 3;
+  const StepImageWriter w(cap);
+  GeneratedStep s = good_step();
+  StepDesc d = s.desc();
+  const std::vector<std::int32_t> aux = {10, 11, 12, 20, 21, 22};
+  d.aux = aux;
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(d, image);
+  const StepInputView v = StepInputView::over(image.data(), w.layout());
+  EXPECT_EQ(std::vector<std::int32_t>(v.aux, v.aux + 6), aux);
+  EXPECT_GE(w.layout().aux, w.layout().token_ids + 300);  // after the token ids section
+  const std::vector<std::int32_t> short_aux = {1, 2, 3};
+  d.aux = short_aux;
+  expect_rejected(w, d, "aux", "3");
+  // Without aux words in the capacity, any aux data is refused.
+  const StepImageWriter plain(with_pools());
+  d.aux = aux;
+  expect_rejected(plain, d, "aux", "6");
+}
+
+TEST(StepInputWriter, DeviceTokenSentinelOnlyWithFeedback) {
+  GeneratedStep s;
+  s.mode = StepMode::kDecode;
+  s.requests = {{3, 7, 1, 0}, {4, 2, 1, 0}};
+  s.token_ids = {step_rules::kTokenFromDevice, 5};
+  expect_rejected(StepImageWriter(small_capacity()), s.desc(), "token_ids[0]", "-1");
+  StepCapacity cap = small_capacity();
+  cap.token_feedback = true;
+  const StepImageWriter w(cap);
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(s.desc(), image);
+  EXPECT_EQ(image[w.layout().token_ids], step_rules::kTokenFromDevice);
+  s.token_ids[1] = -2;  // only the sentinel is allowed
+  expect_rejected(w, s.desc(), "token_ids[1]", "-2");
 }
 
 TEST(StepInputWriter, NoCrossCapacityMeansEncoderLengthZero) {

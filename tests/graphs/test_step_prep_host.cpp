@@ -37,6 +37,30 @@ Prepared prepare(const StepCapacity& cap, const GeneratedStep& s) {
   return p;
 }
 
+TEST(StepPrepHost, DeviceTokenSentinelReadsTheSlotsFeedbackToken) {
+  StepCapacity cap = small_capacity();
+  cap.token_feedback = true;
+  const StepImageWriter w(cap);
+  GeneratedStep s;
+  s.mode = StepMode::kDecode;
+  s.requests = {{7, 10, 1, 0}, {2, 4, 1, 0}, {9, 0, 1, 0}};
+  s.token_ids = {step_rules::kTokenFromDevice, 33, step_rules::kTokenFromDevice};
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(s.desc(), image);
+  const StepMetaLayout layout = StepMetaLayout::compute(cap.max_batch, cap.max_tokens);
+  std::vector<std::int32_t> block(layout.total_words, -99);
+  std::vector<std::int32_t> feedback(static_cast<std::size_t>(cap.max_slots));
+  for (std::size_t i = 0; i < feedback.size(); ++i) feedback[i] = 1000 + static_cast<int>(i);
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap.max_batch, cap.max_tokens,
+                 block, feedback.data());
+  const StepMetaView m = StepMetaView::over(block.data(), layout);
+  EXPECT_EQ(std::vector<int>(m.token_id, m.token_id + 4), (std::vector<int>{1007, 33, 1009, 0}));
+  // No feedback buffer: the sentinel becomes the padding token, never a negative id.
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap.max_batch, cap.max_tokens,
+                 block);
+  EXPECT_EQ(m.token_id[0], step_rules::kPaddingTokenId);
+}
+
 TEST(StepPrepHost, DraftExtendV2HandChecked) {
   StepCapacity cap = small_capacity();
   cap.max_batch = 4;
