@@ -73,7 +73,9 @@ if has bench; then
     [ -x "$b" ] || continue
     name=$(basename "$b")
     [ "$BENCHES" = all ] || [[ " $BENCHES " == *" $name "* ]] || continue
-    if "$b" --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1; then
+    args=()  # bench_decode: 1B-class decode step vs its bandwidth floor, contexts 1024 and 4096
+    [ "$name" = bench_decode ] && args=(--context "${GD_DECODE_CONTEXT:-1024,4096}")
+    if "$b" --json "$OUT/$name.json" "${args[@]}" > "$OUT/$name.txt" 2>&1; then
       note "bench $name" "ok"
     else
       note "bench $name" "FAILED"; status=1
