@@ -14,7 +14,7 @@ FINAL_OUT=$OUT
 # $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
 OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
-STAGES=${GD_STAGES:-"build test fuzz bench sanitize"}
+STAGES=${GD_STAGES:-"build test fuzz example parity bench sanitize"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
 BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_step"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-240}
@@ -66,6 +66,27 @@ if has fuzz; then
     $BUILD/examples/replay_fuzz --seed $seed --steps $((FUZZ_STEPS / 2)) > "$log" 2>&1 || status=1
     note "replay_fuzz seed $seed" "$(tail -1 "$log")"
   done
+fi
+
+if has example; then
+  # The main example: the engine on the 1B-class synthetic model, continuous batching to the end.
+  log="$OUT/decode_loop.txt"
+  if $BUILD/examples/decode_loop > "$log" 2>&1; then note "example decode_loop" "ok"; else
+    note "example decode_loop" "FAILED"; status=1; fi
+  cat "$log"
+  note "  decode_loop" "$(grep -E '^throughput' "$log" | head -1)"
+fi
+
+if has parity; then
+  # Hugging Face parity (scripts/hf_parity.py), when torch and transformers are importable.
+  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+    log="$OUT/hf_parity.txt"
+    if python3 scripts/hf_parity.py --binary $BUILD/examples/model_parity > "$log" 2>&1; then
+      note "hf_parity" "PASS"; else note "hf_parity" "FAIL"; status=1; fi
+    cat "$log"
+  else
+    note "hf_parity" "skipped (no torch/transformers with CUDA)"
+  fi
 fi
 
 if has bench; then
