@@ -6,8 +6,8 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "engine/kernels/model_kernels.h"
+#include "engine/kernels/qkv_epilogue.h"
 #include "engine/llama_model.h"
-#include "memory/kv_write.h"
 
 namespace graphdecode::engine {
 namespace {
@@ -16,44 +16,6 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(std::int64_t items) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
-}
-
-// counts[0] = live tokens * q heads, counts[1] = live tokens * kv heads (rows of the per-head
-// q/k norms).
-__global__ void head_rows_kernel(const std::int32_t* num_tokens, std::int32_t hq, std::int32_t hkv,
-                                 std::int32_t* counts) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    counts[0] = *num_tokens * hq;
-    counts[1] = *num_tokens * hkv;
-  }
-}
-
-// Splits qkv [rows][q + 2 kv] into contiguous q [rows][q], k, v [rows][kv]; 16-byte vectors.
-struct SplitParams {
-  const uint4* qkv;
-  uint4* q;
-  uint4* k;
-  uint4* v;
-  const std::int32_t* num_tokens;
-  std::int32_t max_rows, q_vecs, kv_vecs;
-};
-
-__global__ void __launch_bounds__(kThreads)
-    split_qkv_kernel(const __grid_constant__ SplitParams p) {
-  const std::int32_t row_vecs = p.q_vecs + 2 * p.kv_vecs;
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const std::int32_t n = min(*p.num_tokens, p.max_rows);
-  if (i >= static_cast<std::int64_t>(n) * row_vecs) return;
-  const auto t = static_cast<std::int64_t>(i / row_vecs);
-  const auto e = static_cast<std::int32_t>(i - t * row_vecs);
-  const uint4 x = p.qkv[i];
-  if (e < p.q_vecs) {
-    p.q[t * p.q_vecs + e] = x;
-  } else if (e < p.q_vecs + p.kv_vecs) {
-    p.k[t * p.kv_vecs + (e - p.q_vecs)] = x;
-  } else {
-    p.v[t * p.kv_vecs + (e - p.q_vecs - p.kv_vecs)] = x;
-  }
 }
 
 // Copies each live request's last new token (row q_start[r+1] - 1) of x and residual into rows r
@@ -118,8 +80,6 @@ LlamaModel::LlamaModel(const HostWeights& weights, const LlamaModelOptions& opti
   }
   window_left_ = DeviceBuffer<std::int32_t>(1);
   window_left_.upload(&stack_.window_left, 1, stream);
-  counts_ = DeviceBuffer<std::int32_t>(2);
-  counts_.fill_bytes(0, stream);
   bad_token_ = DeviceBuffer<std::int32_t>(1);
   bad_token_.fill_bytes(0, stream);
 
@@ -133,8 +93,6 @@ LlamaModel::LlamaModel(const HostWeights& weights, const LlamaModelOptions& opti
   normed_ = DeviceBuffer<std::uint16_t>(t * h);
   qkv_ = DeviceBuffer<std::uint16_t>(t * (q + 2 * kv));
   q_ = DeviceBuffer<std::uint16_t>(t * q);
-  k_ = DeviceBuffer<std::uint16_t>(t * kv);
-  v_ = DeviceBuffer<std::uint16_t>(t * kv);
   attn_ = DeviceBuffer<std::uint16_t>(t * q);
   proj_ = DeviceBuffer<std::uint16_t>(t * h);
   gate_up_ = DeviceBuffer<std::uint16_t>(t * 2 * inter);
@@ -144,9 +102,8 @@ LlamaModel::LlamaModel(const HostWeights& weights, const LlamaModelOptions& opti
   last_normed_ = DeviceBuffer<std::uint16_t>(b * h);
   logits_ = DeviceBuffer<float>(b * static_cast<std::size_t>(config_.vocab_size));
   // Rows past the live ones are computed from whatever these hold: start from zeros.
-  for (DeviceBuffer<std::uint16_t>* buf :
-       {&residual_, &normed_, &qkv_, &q_, &k_, &v_, &attn_, &proj_, &gate_up_, &act_, &last_x_,
-        &last_res_, &last_normed_})
+  for (DeviceBuffer<std::uint16_t>* buf : {&residual_, &normed_, &qkv_, &q_, &attn_, &proj_,
+                                           &gate_up_, &act_, &last_x_, &last_res_, &last_normed_})
     buf->fill_bytes(0, stream);
   logits_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
@@ -187,57 +144,28 @@ void LlamaModel::attention_block(std::int32_t l, std::int32_t rows, const Attent
   const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
 
   gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
-  if (w.qkv_bias != nullptr) {
-    AddBiasArgs b;
-    b.y = qkv_.data();
-    b.bias = w.qkv_bias;
-    b.num_rows = num_tokens;
-    b.max_rows = rows;
-    b.cols = qkv_cols;
-    add_bias(b, stream);
-  }
-  SplitParams sp;
-  sp.qkv = reinterpret_cast<const uint4*>(qkv_.data());
-  sp.q = reinterpret_cast<uint4*>(q_.data());
-  sp.k = reinterpret_cast<uint4*>(k_.data());
-  sp.v = reinterpret_cast<uint4*>(v_.data());
-  sp.num_tokens = num_tokens;
-  sp.max_rows = rows;
-  sp.q_vecs = config_.q_size() / 8;
-  sp.kv_vecs = config_.kv_size() / 8;
-  split_qkv_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * qkv_cols / 8), kThreads, 0,
-                     stream>>>(sp);
-  GD_CHECK_LAUNCH();
-  if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over head_dim of every q and k head
-    norm(q_.data(), nullptr, w.q_norm, q_.data(), counts_.data(), rows * hq, d, stream);
-    norm(k_.data(), nullptr, w.k_norm, k_.data(), counts_.data() + 1, rows * hkv, d, stream);
-  }
-  RopeArgs ra;
-  ra.q = q_.data();
-  ra.k = k_.data();
-  ra.positions = m.token_position;
-  ra.inv_freq = rope_.data();
-  ra.num_rows = num_tokens;
-  ra.max_rows = rows;
-  ra.num_q_heads = hq;
-  ra.num_kv_heads = hkv;
-  ra.head_dim = d;
-  rope(ra, stream);
-
+  // qkv [+ bias] -> Qwen3 q/k norm -> rope -> q_, and K/V straight into the layer's pages.
   const LayerKind kind = layer_kind_[l];
   const KvPool& pool = *pools_[static_cast<int>(kind)];
   const PagedKvView view = pool.view(layer_index_[l]);
-  KvWriteArgs kw;
-  kw.cache = view;
-  kw.max_slots = pool.config().geometry.max_slots;
-  kw.dtype = DType::kBF16;
-  kw.k_new = k_.data();
-  kw.v_new = v_.data();
-  kw.num_tokens = num_tokens;
-  kw.max_tokens = rows;
-  kw.slot = m.token_slot;
-  kw.position = m.token_position;
-  write_new_kv(kw, stream);
+  QkvEpilogueArgs e;
+  e.qkv = qkv_.data();
+  e.bias = w.qkv_bias;
+  e.q_norm = w.q_norm;
+  e.k_norm = w.k_norm;
+  e.eps = static_cast<float>(config_.rms_norm_eps);
+  e.positions = m.token_position;
+  e.inv_freq = rope_.data();
+  e.num_rows = num_tokens;
+  e.max_rows = rows;
+  e.num_q_heads = hq;
+  e.num_kv_heads = hkv;
+  e.head_dim = d;
+  e.q_out = q_.data();
+  e.cache = view;
+  e.max_slots = pool.config().geometry.max_slots;
+  e.slot = m.token_slot;
+  qkv_epilogue(e, stream);
   attention_[static_cast<int>(kind)]->run_planned(batch, view, q_.data(), attn_.data(), nullptr,
                                                   stream);
   gemm_.run({attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}, stream);
@@ -285,11 +213,6 @@ void LlamaModel::enqueue(const StepShape& shape, cudaStream_t stream) {
   const StepMetaView& m = prep_.device();
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size;
-  if (config_.qk_norm) {
-    head_rows_kernel<<<1, 32, 0, stream>>>(num_tokens, config_.num_attention_heads,
-                                           config_.num_key_value_heads, counts_.data());
-    GD_CHECK_LAUNCH();
-  }
   EmbeddingArgs e;
   e.table = weights_.embed();
   e.token_ids = m.token_id;

@@ -6,8 +6,8 @@
 //   prep (table commands + metadata) -> plan once per attention kind -> embedding(token ids)
 //   per layer:  h = rmsnorm(x [+ residual])          (layer 0: plain norm of the embedding)
 //               qkv = h * Wqkv^T [+ bias]            (one fused GEMM)
-//               q, k, v split; Qwen3: per-head rmsnorm of q and k; rope(q, k, positions)
-//               write_new_kv(k, v) into the layer's pool; o = paged attention (full or window)
+//               qkv_epilogue: [bias], Qwen3 per-head rmsnorm of q and k, rope(q, k, positions),
+//               q out, k and v into the layer's pool; o = paged attention (full or window)
 //               x = o * Wo^T [+ bias]; h = rmsnorm(x + residual)
 //               x = down(swiglu(h * Wgate_up^T))
 //   last token of each request (row q_start[r+1] - 1) gathered; final rmsnorm(x + residual);
@@ -106,17 +106,16 @@ class LlamaModel : public StepProgram {
   RopeTable rope_;
   Gemm gemm_;
   DeviceBuffer<std::int32_t> window_left_;  // [1] sliding layers' window
-  DeviceBuffer<std::int32_t> counts_;       // [2] live q-head rows, live kv-head rows
   DeviceBuffer<std::int32_t> bad_token_;    // [1]
   // Activations, [max_tokens] rows unless noted (bf16).
-  DeviceBuffer<std::uint16_t> residual_;   // [hidden]
-  DeviceBuffer<std::uint16_t> normed_;     // [hidden]
-  DeviceBuffer<std::uint16_t> qkv_;        // [q + 2 kv]
-  DeviceBuffer<std::uint16_t> q_, k_, v_;  // [heads][head_dim], contiguous for attention / KV
-  DeviceBuffer<std::uint16_t> attn_;       // [q]
-  DeviceBuffer<std::uint16_t> proj_;       // [hidden] o_proj / down_proj output
-  DeviceBuffer<std::uint16_t> gate_up_;    // [2 inter]
-  DeviceBuffer<std::uint16_t> act_;        // [inter]
+  DeviceBuffer<std::uint16_t> residual_;  // [hidden]
+  DeviceBuffer<std::uint16_t> normed_;    // [hidden]
+  DeviceBuffer<std::uint16_t> qkv_;       // [q + 2 kv]
+  DeviceBuffer<std::uint16_t> q_;         // [q_heads][head_dim]: attention's q (rope applied)
+  DeviceBuffer<std::uint16_t> attn_;      // [q]
+  DeviceBuffer<std::uint16_t> proj_;      // [hidden] o_proj / down_proj output
+  DeviceBuffer<std::uint16_t> gate_up_;   // [2 inter]
+  DeviceBuffer<std::uint16_t> act_;       // [inter]
   DeviceBuffer<std::uint16_t> last_x_, last_res_, last_normed_;  // [max_batch][hidden]
   DeviceBuffer<float> logits_;                                   // [max_batch][vocab]
 };
