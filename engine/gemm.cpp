@@ -13,6 +13,21 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     handle_ = nullptr;
     GD_CUBLAS(st);
   }
+  try {
+    skinny_dev_ = SkinnyGemmDevice::current();
+  } catch (...) {
+    cublasDestroy(handle_);
+    handle_ = nullptr;
+    throw;
+  }
+}
+
+bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
+  const auto aligned16 = [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  };
+  return skinny_on_ && a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
+         aligned16(a.x) && aligned16(a.w);
 }
 
 Gemm::~Gemm() {
@@ -26,6 +41,11 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
   GD_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "x/w/y", "nullptr",
              "GEMM operands must be set");
   if (a.rows == 0) return;
+  if (uses_skinny(a)) {
+    skinny_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
+                stream);
+    return;
+  }
   GD_CUBLAS(cublasSetStream(handle_, stream));
   GD_CUBLAS(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
   const float alpha = 1.f;

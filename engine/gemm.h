@@ -5,6 +5,11 @@
 // captured in a CUDA graph. `rows` is fixed per launch (a graph bucket's token capacity): rows
 // past the live tokens compute values nobody reads, which is harmless because rows are
 // independent.
+//
+// rows <= 8 (decode) goes to the skinny kernel (engine/kernels/skinny_gemm.h), which streams W at
+// close to the copy bandwidth where cuBLAS does not; it falls back to cuBLAS when in % 8 != 0,
+// x [rows][in] does not fit in shared memory (rows * in above ~110K elements on an H100) or x/W
+// are not 16-byte aligned. set_skinny(false) forces cuBLAS (tests and benchmarks compare both).
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,6 +21,7 @@
 
 #include "common/buffers.h"
 #include "common/error.h"
+#include "engine/kernels/skinny_gemm.h"
 
 namespace graphdecode::detail {
 inline void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
@@ -59,9 +65,17 @@ class Gemm {
   // rows == 0 does nothing.
   void run(const GemmArgs& args, cudaStream_t stream) const;
 
+  // The skinny path for rows <= 8 (on by default). Decide before capturing a graph.
+  void set_skinny(bool on) noexcept { skinny_on_ = on; }
+  bool skinny() const noexcept { return skinny_on_; }
+  // True when run(args) takes the skinny kernel rather than cuBLAS.
+  bool uses_skinny(const GemmArgs& args) const noexcept;
+
  private:
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::uint8_t> workspace_;
+  SkinnyGemmDevice skinny_dev_;
+  bool skinny_on_ = true;
 };
 
 }  // namespace graphdecode::engine

@@ -1,0 +1,286 @@
+// bench_gemm: the decode GEMMs of a 1B Llama (hidden 2048, 16 layers) at rows 1, 2, 4, 8: the
+// skinny kernel (engine/kernels/skinny_gemm.h) vs cuBLAS (Gemm::set_skinny(false)) vs the floor.
+//
+//   bench_gemm [--json PATH] [--reps N]
+//
+// Shapes, y[rows][n] = x[rows][k] W^T: qkv k 2048 n 3072, o 2048 x 2048, gate_up 2048 x 16384,
+// down 8192 x 2048 (bf16 out), lm_head 2048 x 128256 (float out).
+// Time: a CUDA graph of 20 launches, replayed `reps` times (default 200, after 5 warm-up
+// replays); median replay device time (events around each replay) / 20. The launches cycle
+// through copies of W that together are >= 2.5x the L2, so W comes from HBM as in a real step
+// where each layer's weights are cold. Floor = W bytes / the measured D2D copy bandwidth (read +
+// write bytes / time, as bench_attention). Also: the GEMM time of one decode step (16 layers of
+// qkv + o + gate_up + down, plus lm_head) per path.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/buffers.h"
+#include "common/cuda_check.h"
+#include "common/device.h"
+#include "common/error.h"
+#include "common/stream.h"
+#include "engine/gemm.h"
+#include "graphs/cuda_graph.h"
+
+namespace graphdecode::bench {
+namespace {
+
+using engine::Gemm;
+using engine::GemmArgs;
+using engine::GemmOut;
+
+constexpr int kLaunches = 20;  // GEMMs per graph
+constexpr int kLayers = 16;
+
+struct Shape {
+  const char* name;
+  std::int32_t k, n;
+  GemmOut out;
+};
+constexpr Shape kShapes[] = {{"qkv", 2048, 3072, GemmOut::kBF16},
+                             {"o", 2048, 2048, GemmOut::kBF16},
+                             {"gate_up", 2048, 16384, GemmOut::kBF16},
+                             {"down", 8192, 2048, GemmOut::kBF16},
+                             {"lm_head", 2048, 128256, GemmOut::kF32}};
+constexpr std::int32_t kRows[] = {1, 2, 4, 8};
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+// Random bf16 in [-1, 1].
+__global__ void fill_random_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::uint32_t h = hash32(i * 0x9e3779b97f4a7c15ull + seed);
+    p[i] = __float2bfloat16_rn((h & 0xffffffu) * (2.f / 16777216.f) - 1.f);
+  }
+}
+
+void fill_random(DeviceBuffer<std::uint16_t>& buf, std::uint64_t seed, cudaStream_t s) {
+  fill_random_bf16<<<1024, 256, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(buf.data()), buf.size(),
+                                        seed);
+  GD_CHECK_LAUNCH();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median GB/s of a D2D cudaMemcpy, counting read + write bytes.
+double copy_bandwidth_gbps(cudaStream_t s) {
+  std::size_t free_b = 0, total_b = 0;
+  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const std::size_t bytes =
+      std::min<std::size_t>(std::size_t{1} << 30, free_b / 4) & ~std::size_t{255};
+  DeviceBuffer<char> a(bytes), b(bytes);
+  a.fill_bytes(1, s);
+  for (int i = 0; i < 3; ++i)
+    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
+  std::vector<double> ms;
+  Event e0, e1;
+  for (int i = 0; i < 20; ++i) {
+    e0.record(s);
+    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
+    e1.record(s);
+    e1.synchronize();
+    ms.push_back(e1.elapsed_ms_since(e0));
+  }
+  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
+}
+
+// Median device time of one replay of `graph` over `reps` replays, after 5 warm-up replays.
+double replay_median_us(const CudaGraph& graph, int reps, cudaStream_t s) {
+  for (int i = 0; i < 5; ++i) graph.launch(s);
+  std::vector<Event> start(reps), stop(reps);
+  for (int i = 0; i < reps; ++i) {
+    start[i].record(s);
+    graph.launch(s);
+    stop[i].record(s);
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
+  return median(us);
+}
+
+struct Result {
+  const Shape* shape = nullptr;
+  std::int32_t rows = 0, copies = 0;
+  double weight_bytes = 0, cublas_us = 0, skinny_us = 0, floor_us = 0;
+  bool skinny_taken = false;  // false: the skinny setting fell back to cuBLAS
+};
+
+// One shape at every row count: W copies live across the row counts.
+void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_bytes, int reps,
+                 cudaStream_t s, std::vector<Result>& out) {
+  const std::size_t welems = static_cast<std::size_t>(sh.n) * sh.k;
+  const double wbytes = 2.0 * static_cast<double>(welems);
+  const int copies =
+      std::clamp(static_cast<int>(2.5 * static_cast<double>(l2_bytes) / wbytes) + 1, 1, kLaunches);
+  std::vector<DeviceBuffer<std::uint16_t>> w;
+  for (int c = 0; c < copies; ++c) {
+    w.emplace_back(welems);
+    fill_random(w.back(), 1000 + c, s);
+  }
+  DeviceBuffer<std::uint16_t> x(static_cast<std::size_t>(8) * sh.k);
+  fill_random(x, 7, s);
+  const std::size_t esize = sh.out == GemmOut::kF32 ? 4 : 2;
+  DeviceBuffer<std::uint8_t> y(static_cast<std::size_t>(8) * sh.n * esize);
+  for (std::int32_t rows : kRows) {
+    Result r{&sh, rows, copies, wbytes};
+    r.floor_us = wbytes / (copy_gbps * 1e3);
+    for (bool skinny : {false, true}) {
+      gemm.set_skinny(skinny);
+      const auto args = [&](int i) {
+        return GemmArgs{x.data(), w[i % copies].data(), y.data(), rows, sh.k, sh.n, sh.out};
+      };
+      if (skinny) r.skinny_taken = gemm.uses_skinny(args(0));
+      const CudaGraph graph = CudaGraph::capture(s, [&] {
+        for (int i = 0; i < kLaunches; ++i) gemm.run(args(i), s);
+      });
+      (skinny ? r.skinny_us : r.cublas_us) = replay_median_us(graph, reps, s) / kLaunches;
+    }
+    out.push_back(r);
+  }
+  gemm.set_skinny(true);
+}
+
+const Result& find(const std::vector<Result>& rs, const char* name, std::int32_t rows) {
+  for (const Result& r : rs)
+    if (r.rows == rows && std::string(r.shape->name) == name) return r;
+  GD_FAIL(std::string("no result for ") + name);
+}
+
+// GEMM time of one decode step: 16 layers of qkv + o + gate_up + down, then lm_head.
+struct StepTotal {
+  std::int32_t rows = 0;
+  double cublas_us = 0, skinny_us = 0, floor_us = 0;
+};
+std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
+  std::vector<StepTotal> t;
+  for (std::int32_t rows : kRows) {
+    StepTotal st{rows};
+    for (const Shape& sh : kShapes) {
+      const Result& r = find(rs, sh.name, rows);
+      const int times = std::string(sh.name) == "lm_head" ? 1 : kLayers;
+      st.cublas_us += times * r.cublas_us;
+      st.skinny_us += times * r.skinny_us;
+      st.floor_us += times * r.floor_us;
+    }
+    t.push_back(st);
+  }
+  return t;
+}
+
+void print(const std::vector<Result>& rs, const std::vector<StepTotal>& totals) {
+  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %9s %8s %8s %8s\n", "shape", "k", "n", "M",
+              "W MiB", "copies", "cuBLAS us", "skinny us", "floor us", "%floor", "cuB%flr",
+              "speedup");
+  for (const Result& r : rs)
+    std::printf("%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %9.2f %7.1f%% %7.1f%% %7.2fx%s\n",
+                r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
+                r.cublas_us, r.skinny_us, r.floor_us, 100.0 * r.floor_us / r.skinny_us,
+                100.0 * r.floor_us / r.cublas_us, r.cublas_us / r.skinny_us,
+                r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
+  std::printf("\none decode step's GEMMs (16 x (qkv + o + gate_up + down) + lm_head)\n");
+  std::printf("%4s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "floor us", "speedup");
+  for (const StepTotal& t : totals)
+    std::printf("%4d %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us, t.floor_us,
+                t.cublas_us / t.skinny_us);
+}
+
+void write_json(const std::string& path, const cudaDeviceProp& prop, double copy_gbps, int reps,
+                const std::vector<Result>& rs, const std::vector<StepTotal>& totals) {
+  std::ofstream f(path);
+  GD_REQUIRE(f.good(), "--json", path, "cannot open the JSON output");
+  f << "{\n  \"bench\": \"bench_gemm\",\n  \"device\": \"" << prop.name << "\",\n"
+    << "  \"sms\": " << prop.multiProcessorCount << ",\n  \"l2_bytes\": " << prop.l2CacheSize
+    << ",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"reps\": " << reps
+    << ",\n  \"launches_per_graph\": " << kLaunches << ",\n  \"results\": [\n";
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    const Result& r = rs[i];
+    f << "    {\"shape\": \"" << r.shape->name << "\", \"k\": " << r.shape->k
+      << ", \"n\": " << r.shape->n << ", \"rows\": " << r.rows << ", \"out\": \""
+      << (r.shape->out == GemmOut::kF32 ? "f32" : "bf16")
+      << "\", \"weight_bytes\": " << r.weight_bytes << ", \"copies\": " << r.copies
+      << ", \"cublas_us\": " << r.cublas_us << ", \"skinny_us\": " << r.skinny_us
+      << ", \"floor_us\": " << r.floor_us
+      << ", \"skinny_pct_floor\": " << 100.0 * r.floor_us / r.skinny_us
+      << ", \"cublas_pct_floor\": " << 100.0 * r.floor_us / r.cublas_us
+      << ", \"skinny_taken\": " << (r.skinny_taken ? "true" : "false") << "}"
+      << (i + 1 < rs.size() ? "," : "") << "\n";
+  }
+  f << "  ],\n  \"step_totals\": [\n";
+  for (std::size_t i = 0; i < totals.size(); ++i) {
+    const StepTotal& t = totals[i];
+    f << "    {\"rows\": " << t.rows << ", \"cublas_us\": " << t.cublas_us
+      << ", \"skinny_us\": " << t.skinny_us << ", \"floor_us\": " << t.floor_us << "}"
+      << (i + 1 < totals.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+int run_main(int argc, char** argv) {
+  std::string json;
+  int reps = 200;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(50, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!cuda_device_available()) {
+    std::fprintf(stderr, "bench_gemm: no CUDA device; this benchmark needs a GPU\n");
+    return 2;
+  }
+  int dev = 0;
+  GD_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  GD_CUDA(cudaGetDeviceProperties(&prop, dev));
+  Stream s;
+  const double copy_gbps = copy_bandwidth_gbps(s);
+  std::printf("device: %s, %d SMs, L2 %.0f MiB; D2D copy %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, copy_gbps);
+  std::printf("time = median of %d replays of a %d-GEMM graph / %d; floor = W bytes / copy GB/s\n",
+              reps, kLaunches, kLaunches);
+  Gemm gemm;
+  std::vector<Result> rs;
+  for (const Shape& sh : kShapes) bench_shape(sh, gemm, copy_gbps, prop.l2CacheSize, reps, s, rs);
+  const std::vector<StepTotal> totals = step_totals(rs);
+  print(rs, totals);
+  if (!json.empty()) write_json(json, prop, copy_gbps, reps, rs, totals);
+  return 0;
+}
+
+}  // namespace
+}  // namespace graphdecode::bench
+
+int main(int argc, char** argv) {
+  try {
+    return graphdecode::bench::run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,280 @@
+// GPU: the skinny GEMM (rows <= 8, engine/kernels/skinny_gemm.h) through Gemm::run against a
+// float64 reference and against the cuBLAS path of the same Gemm (set_skinny(false)); the
+// fallbacks to cuBLAS; graph replay bitwise equal to eager; bad arguments.
+//
+// Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces). Outputs are
+// poisoned (NaN) with a guard past the end: every element must be written, nothing past it.
+//
+// Tolerance per element, ref = sum_i x_i w_i and mag = sum_i |x_i w_i| in float64:
+//   |got - ref| <= (bf16 out ? 2^-8 |ref| : 0) + (k / 16 + 16) * 2^-23 * mag
+// 2^-8 |ref| bounds the bf16 rounding (8 significant bits: half an ulp <= 2^-8 of the value). The
+// second term bounds fp32 accumulation on tensor cores: a chain of at most k / 16 block sums plus
+// the split-k partials, each addition off by at most 2^-23 (truncating adders) of the magnitudes.
+// Skinny vs cuBLAS: within the sum of both bounds. "Exact" inputs (multiples of 1/16 in [-1, 1])
+// keep every partial sum exact in fp32 (|sum| <= 2^13 in steps of 2^-8: 22 bits), so there float
+// outputs equal the reference and bf16 outputs its round-to-nearest-even, bit for bit, on both
+// paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "attention/reference.h"
+#include "attention_check.h"
+#include "common/buffers.h"
+#include "common/stream.h"
+#include "engine/gemm.h"
+#include "engine/kernels/skinny_gemm.h"
+#include "graphs/cuda_graph.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode::engine {
+namespace {
+
+using namespace graphdecode::testing;
+using reference::bf16_to_float;
+using reference::float_to_bf16;
+using Bits = std::vector<std::uint16_t>;
+
+class SkinnyGemmGpu : public GpuTest {};
+
+constexpr std::size_t kGuard = 64;  // poisoned elements past the output
+
+struct Problem {
+  int rows = 0, k = 0, n = 0;
+  bool exact = false;
+  Bits x, w;                     // [rows][k], [n][k]
+  std::vector<double> ref, mag;  // [rows][n]
+};
+
+Bits random_bits(Rng& rng, std::size_t count, bool exact) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> grid(-16, 16);
+  Bits v(count);
+  for (auto& e : v) e = float_to_bf16(exact ? grid(rng) / 16.f : u(rng));
+  return v;
+}
+
+// Fresh x; W from `w` when given (one W serves every row count), else fresh.
+Problem make_problem(Rng& rng, int rows, int k, int n, bool exact, const Bits* w = nullptr) {
+  Problem p{rows, k, n, exact, {}, {}, {}, {}};
+  p.x = random_bits(rng, static_cast<std::size_t>(rows) * k, exact);
+  p.w = w ? *w : random_bits(rng, static_cast<std::size_t>(n) * k, exact);
+  p.ref.resize(static_cast<std::size_t>(rows) * n);
+  p.mag.resize(p.ref.size());
+  std::vector<double> xd(p.x.size());
+  for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = bf16_to_float(p.x[i]);
+  std::vector<double> wr(k);
+  for (int c = 0; c < n; ++c) {
+    for (int i = 0; i < k; ++i) wr[i] = bf16_to_float(p.w[static_cast<std::size_t>(c) * k + i]);
+    for (int r = 0; r < rows; ++r) {
+      double s = 0, m = 0;
+      for (int i = 0; i < k; ++i) {
+        const double prod = xd[static_cast<std::size_t>(r) * k + i] * wr[i];
+        s += prod;
+        m += std::abs(prod);
+      }
+      p.ref[static_cast<std::size_t>(r) * n + c] = s;
+      p.mag[static_cast<std::size_t>(r) * n + c] = m;
+    }
+  }
+  return p;
+}
+
+double bound(const Problem& p, std::size_t i, GemmOut out) {
+  const double acc = (p.k / 16.0 + 16.0) * std::ldexp(1.0, -23) * p.mag[i];
+  return (out == GemmOut::kBF16 ? std::ldexp(std::abs(p.ref[i]), -8) : 0.0) + acc;
+}
+
+template <typename T>
+DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
+  DeviceBuffer<T> d(h.size());
+  d.upload(h.data(), h.size(), s);
+  return d;
+}
+
+// Runs one GEMM into a poisoned buffer; returns the outputs, or fails if one is unwritten or the
+// guard past the end was touched.
+::testing::AssertionResult run_gemm(const Gemm& gemm, const GemmArgs& args, cudaStream_t s,
+                                    std::vector<double>& got) {
+  const std::size_t n = static_cast<std::size_t>(args.rows) * args.out;
+  const std::size_t esize = args.out_type == GemmOut::kF32 ? 4 : 2;
+  DeviceBuffer<std::uint8_t> y((n + kGuard) * esize);
+  y.fill_bytes(0xff, s);  // NaN as bf16 and as float
+  GemmArgs a = args;
+  a.y = y.data();
+  gemm.run(a, s);
+  std::vector<std::uint8_t> h(y.size());
+  y.download(h.data(), h.size(), s);
+  GD_CUDA(cudaStreamSynchronize(s));
+  for (std::size_t i = n * esize; i < h.size(); ++i)
+    if (h[i] != 0xff) return ::testing::AssertionFailure() << "wrote past the output, byte " << i;
+  got.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (esize == 4) {
+      float v;
+      std::memcpy(&v, &h[4 * i], 4);
+      got[i] = v;
+    } else {
+      std::uint16_t b;
+      std::memcpy(&b, &h[2 * i], 2);
+      got[i] = bf16_to_float(b);
+    }
+    if (std::isnan(got[i])) return ::testing::AssertionFailure() << "element " << i << " unwritten";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult matches(const Problem& p, const std::vector<double>& got,
+                                   const std::vector<double>* other, GemmOut out) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    double want = p.ref[i], tol = bound(p, i, out);
+    if (p.exact && out == GemmOut::kBF16) want = bf16_to_float(float_to_bf16(float(p.ref[i])));
+    if (p.exact) tol = 0;
+    if (other != nullptr) want = (*other)[i], tol *= 2;
+    if (!(std::abs(got[i] - want) <= tol))
+      return ::testing::AssertionFailure()
+             << "row " << i / p.n << " col " << i % p.n << ": got " << got[i] << ", want " << want
+             << " (tol " << tol << (other ? ", vs cuBLAS" : ", vs float64") << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(SkinnyGemmGpu, MatchesFloat64AndCublas) {
+  SCOPED_TRACE(seed_note());
+  std::printf("%s\n", seed_note().c_str());
+  Rng rng = test_rng();
+  Stream s;
+  Gemm gemm;
+  std::vector<std::pair<int, int>> shapes{{64, 8}, {2048, 1000}, {1000, 1001}};  // {k, n}
+  if (!sanitize_mode()) shapes.insert(shapes.begin(), {{2048, 3072}, {8192, 2048}});
+  for (const auto& [k, n] : shapes)
+    for (bool exact : {false, true}) {
+      const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, exact);
+      auto dw = to_device(w, s);
+      for (int rows : {1, 2, 3, 5, 8}) {
+        const Problem p = make_problem(rng, rows, k, n, exact, &w);
+        auto dx = to_device(p.x, s);
+        for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
+          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
+                       std::to_string(n) + (exact ? " exact" : " random") +
+                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          const GemmArgs args{dx.data(), dw.data(), nullptr, rows, k, n, out};
+          std::vector<double> skinny, cublas;
+          gemm.set_skinny(true);
+          ASSERT_TRUE(gemm.uses_skinny(args));
+          ASSERT_TRUE(run_gemm(gemm, args, s, skinny));
+          gemm.set_skinny(false);
+          ASSERT_FALSE(gemm.uses_skinny(args));
+          ASSERT_TRUE(run_gemm(gemm, args, s, cublas));
+          EXPECT_TRUE(matches(p, skinny, nullptr, out)) << "skinny";
+          EXPECT_TRUE(matches(p, cublas, nullptr, out)) << "cuBLAS";
+          EXPECT_TRUE(matches(p, skinny, &cublas, out)) << "skinny vs cuBLAS";
+        }
+      }
+    }
+}
+
+// Shapes the skinny kernel does not take still run (through cuBLAS) and are right.
+TEST_F(SkinnyGemmGpu, FallsBackToCublas) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  Gemm gemm;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  struct Case {
+    int rows, k, n, offset;  // offset: elements added to x (2 bytes breaks 16-byte alignment)
+    bool skinny;
+  };
+  const Case cases[] = {{9, 2048, 256, 0, false},
+                        {4, 100, 64, 0, false},
+                        {8, 16384, 64, 0, false},  // 8 x 16384 bf16 = 256 KiB: no shared fit
+                        {4, 16384, 64, 0, skinny_gemm_supported(dev, 4, 16384)},
+                        {2, 2048, 64, 1, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " k " + std::to_string(c.k) + " offset " +
+                 std::to_string(c.offset));
+    const Problem p = make_problem(rng, c.rows, c.k, c.n, false);
+    Bits xs(c.offset);
+    xs.insert(xs.end(), p.x.begin(), p.x.end());
+    auto dx = to_device(xs, s), dw = to_device(p.w, s);
+    const GemmArgs args{dx.data() + c.offset, dw.data(), nullptr, c.rows, c.k, c.n, GemmOut::kF32};
+    EXPECT_EQ(gemm.uses_skinny(args), c.skinny);
+    std::vector<double> got;
+    ASSERT_TRUE(run_gemm(gemm, args, s, got));
+    EXPECT_TRUE(matches(p, got, nullptr, GemmOut::kF32));
+  }
+  EXPECT_FALSE(skinny_gemm_supported(dev, 8, 16384));
+  EXPECT_FALSE(skinny_gemm_supported(dev, 0, 2048));
+}
+
+// Captured in a CUDA graph, the skinny GEMM replays bitwise equal to eager, replay after replay.
+TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  Gemm gemm;
+  const Problem p = make_problem(rng, 5, 2048, 3072, false);
+  auto dx = to_device(p.x, s), dw = to_device(p.w, s);
+  DeviceBuffer<std::uint16_t> y16(p.ref.size());
+  DeviceBuffer<float> y32(p.ref.size());
+  const GemmArgs a16{dx.data(), dw.data(), y16.data(), p.rows, p.k, p.n, GemmOut::kBF16};
+  const GemmArgs a32{dx.data(), dw.data(), y32.data(), p.rows, p.k, p.n, GemmOut::kF32};
+  ASSERT_TRUE(gemm.uses_skinny(a16) && gemm.uses_skinny(a32));
+  const auto snapshot = [&] {
+    Bits h16(y16.size());
+    std::vector<float> h32(y32.size());
+    y16.download(h16.data(), h16.size(), s);
+    y32.download(h32.data(), h32.size(), s);
+    GD_CUDA(cudaStreamSynchronize(s));
+    std::vector<std::uint8_t> bytes(h16.size() * 2 + h32.size() * 4);
+    std::memcpy(bytes.data(), h16.data(), h16.size() * 2);
+    std::memcpy(bytes.data() + h16.size() * 2, h32.data(), h32.size() * 4);
+    return bytes;
+  };
+  gemm.run(a16, s);
+  gemm.run(a32, s);
+  const auto eager = snapshot();
+  const CudaGraph graph = CudaGraph::capture(s, [&] {
+    gemm.run(a16, s);
+    gemm.run(a32, s);
+  });
+  for (int replay = 0; replay < 3; ++replay) {
+    y16.fill_bytes(0xff, s);
+    y32.fill_bytes(0xff, s);
+    graph.launch(s);
+    EXPECT_TRUE(snapshot() == eager) << "replay " << replay;
+  }
+}
+
+TEST_F(SkinnyGemmGpu, RejectsBadArguments) {
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  Stream s;
+  DeviceBuffer<std::uint16_t> x(8 * 64 + 8), w(64 * 64);
+  DeviceBuffer<float> y(8 * 64);
+  x.fill_bytes(0, s);
+  w.fill_bytes(0, s);
+  const SkinnyGemmArgs good{x.data(), w.data(), y.data(), 8, 64, 64, true};
+  EXPECT_NO_THROW(skinny_gemm(dev, good, s));
+  auto bad = [&](auto edit) {
+    SkinnyGemmArgs a = good;
+    edit(a);
+    EXPECT_THROW(skinny_gemm(dev, a, s), Error);
+  };
+  bad([](SkinnyGemmArgs& a) { a.rows = 0; });
+  bad([](SkinnyGemmArgs& a) { a.rows = 9; });
+  bad([](SkinnyGemmArgs& a) { a.k = 60; });
+  bad([](SkinnyGemmArgs& a) { a.n = 0; });
+  bad([&](SkinnyGemmArgs& a) { a.x = x.data() + 1; });
+  bad([](SkinnyGemmArgs& a) { a.w = nullptr; });
+  bad([](SkinnyGemmArgs& a) { a.y = nullptr; });
+  EXPECT_THROW(skinny_gemm(SkinnyGemmDevice{}, good, s), Error);
+  GD_CUDA(cudaStreamSynchronize(s));
+}
+
+}  // namespace
+}  // namespace graphdecode::engine
