@@ -26,7 +26,9 @@ bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
   const auto aligned16 = [](const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
   };
-  return skinny_on_ && a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
+  if (skinny_mode_ == SkinnyMode::kOff) return false;
+  if (skinny_mode_ == SkinnyMode::kAuto && (a.in < 8192 || a.rows > 4)) return false;
+  return a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
          aligned16(a.x) && aligned16(a.w);
 }
 

@@ -6,10 +6,10 @@
 // past the live tokens compute values nobody reads, which is harmless because rows are
 // independent.
 //
-// rows <= 8 (decode) goes to the skinny kernel (engine/kernels/skinny_gemm.h), which streams W at
-// close to the copy bandwidth where cuBLAS does not; it falls back to cuBLAS when in % 8 != 0,
-// x [rows][in] does not fit in shared memory (rows * in above ~110K elements on an H100) or x/W
-// are not 16-byte aligned. set_skinny(false) forces cuBLAS (tests and benchmarks compare both).
+// A skinny kernel for rows <= 8 (engine/kernels/skinny_gemm.h) streams W once; measured on the
+// H100 it beats cuBLAS only for long k (down projection), so by default (SkinnyMode::kAuto) it
+// runs there alone. It needs in % 8 == 0, x [rows][in] in shared memory (rows * in up to ~110K
+// elements on an H100) and 16-byte aligned x/W; otherwise cuBLAS runs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -65,9 +65,14 @@ class Gemm {
   // rows == 0 does nothing.
   void run(const GemmArgs& args, cudaStream_t stream) const;
 
-  // The skinny path for rows <= 8 (on by default). Decide before capturing a graph.
-  void set_skinny(bool on) noexcept { skinny_on_ = on; }
-  bool skinny() const noexcept { return skinny_on_; }
+  // When the skinny kernel runs instead of cuBLAS (decide before capturing a graph):
+  //   kAuto (default): only where bench_gemm measured it faster on the H100: k >= 8192 and
+  //                    rows <= 4 (the 1B MLP down projection, ~1.05x); cuBLAS elsewhere.
+  //   kAlways: every supported call (tests, benchmarks).  kOff: cuBLAS only.
+  enum class SkinnyMode : std::uint8_t { kOff, kAuto, kAlways };
+  void set_skinny_mode(SkinnyMode m) noexcept { skinny_mode_ = m; }
+  void set_skinny(bool on) noexcept { skinny_mode_ = on ? SkinnyMode::kAlways : SkinnyMode::kOff; }
+  SkinnyMode skinny_mode() const noexcept { return skinny_mode_; }
   // True when run(args) takes the skinny kernel rather than cuBLAS.
   bool uses_skinny(const GemmArgs& args) const noexcept;
 
@@ -75,7 +80,7 @@ class Gemm {
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::uint8_t> workspace_;
   SkinnyGemmDevice skinny_dev_;
-  bool skinny_on_ = true;
+  SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
 };
 
 }  // namespace graphdecode::engine

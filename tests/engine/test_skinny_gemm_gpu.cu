@@ -185,6 +185,7 @@ TEST_F(SkinnyGemmGpu, FallsBackToCublas) {
   Rng rng = test_rng();
   Stream s;
   Gemm gemm;
+  gemm.set_skinny(true);
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   struct Case {
     int rows, k, n, offset;  // offset: elements added to x (2 bytes breaks 16-byte alignment)
@@ -218,6 +219,7 @@ TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
   Rng rng = test_rng();
   Stream s;
   Gemm gemm;
+  gemm.set_skinny(true);
   const Problem p = make_problem(rng, 5, 2048, 3072, false);
   auto dx = to_device(p.x, s), dw = to_device(p.w, s);
   DeviceBuffer<std::uint16_t> y16(p.ref.size());
