@@ -96,7 +96,8 @@ TEST_P(EngineContinuousBatching, GreedyTokensConfirmedByFloat64Reference) {
   std::map<RequestId, std::int32_t> wanted;
   for (int r = 0; r < n; ++r) {
     RequestSpec s;
-    s.prompt = random_prompt(rng, std::uniform_int_distribution<int>(1, 90)(rng), config.vocab_size);
+    s.prompt =
+        random_prompt(rng, std::uniform_int_distribution<int>(1, 90)(rng), config.vocab_size);
     s.max_new_tokens = std::uniform_int_distribution<int>(1, 24)(rng);
     const std::vector<std::int32_t> prompt = s.prompt;
     const std::int32_t max_new = s.max_new_tokens;
@@ -227,9 +228,9 @@ TEST_F(EngineGpu, BadRequestsAreRefusedByNameAndOthersKeepServing) {
   bad = spec(10, 4);
   bad.prompt[0] = -1;
   expect_refused(bad, "prompt[0]");
-  expect_refused(spec(0, 4), "prompt");                               // empty
-  expect_refused(spec(70, 4), "prompt_len + max_new_tokens");         // prompt beyond max context
-  expect_refused(spec(10, 60), "prompt_len + max_new_tokens");        // max new beyond capacity
+  expect_refused(spec(0, 4), "prompt");                         // empty
+  expect_refused(spec(70, 4), "prompt_len + max_new_tokens");   // prompt beyond max context
+  expect_refused(spec(10, 60), "prompt_len + max_new_tokens");  // max new beyond capacity
   expect_refused(spec(10, 0), "max_new_tokens");
   bad = spec(10, 4);
   bad.sampling.top_p = 0.f;
