@@ -34,9 +34,9 @@ __global__ void unpack_sampling_kernel(const __grid_constant__ UnpackParams p) {
     p.temperature[r] = __int_as_float(w[SamplingWords::kTemperature]);
     p.top_k[r] = w[SamplingWords::kTopK];
     p.top_p[r] = __int_as_float(w[SamplingWords::kTopP]);
-    p.seed[r] = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[SamplingWords::kSeedHi]))
-                 << 32) |
-                static_cast<std::uint32_t>(w[SamplingWords::kSeedLo]);
+    p.seed[r] =
+        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[SamplingWords::kSeedHi])) << 32) |
+        static_cast<std::uint32_t>(w[SamplingWords::kSeedLo]);
     p.rng_step[r] = static_cast<std::uint32_t>(w[SamplingWords::kRngStep]);
   } else {
     p.temperature[r] = 0.f;

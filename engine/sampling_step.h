@@ -25,10 +25,10 @@ namespace graphdecode::engine {
 struct SamplingWords {
   static constexpr std::int32_t kTemperature = 0;  // float bits
   static constexpr std::int32_t kTopK = 1;
-  static constexpr std::int32_t kTopP = 2;      // float bits
-  static constexpr std::int32_t kSeedLo = 3;    // seed, low 32 bits
-  static constexpr std::int32_t kSeedHi = 4;    // seed, high 32 bits
-  static constexpr std::int32_t kRngStep = 5;   // absolute position of the sampled token
+  static constexpr std::int32_t kTopP = 2;     // float bits
+  static constexpr std::int32_t kSeedLo = 3;   // seed, low 32 bits
+  static constexpr std::int32_t kSeedHi = 4;   // seed, high 32 bits
+  static constexpr std::int32_t kRngStep = 5;  // absolute position of the sampled token
   static constexpr std::int32_t kCount = 6;
 
   // Writes the words of one request into `out` ([kCount]).
@@ -58,8 +58,8 @@ class SamplingStep : public StepProgram {
   LlamaModel& model_;
   const StepInput& input_;
   std::int32_t max_batch_ = 0;
-  DeviceBuffer<float> temperature_, top_p_;  // [max_batch]
-  DeviceBuffer<std::int32_t> top_k_;         // [max_batch]
+  DeviceBuffer<float> temperature_, top_p_;      // [max_batch]
+  DeviceBuffer<std::int32_t> top_k_;             // [max_batch]
   DeviceBuffer<std::uint64_t> seed_, rng_step_;  // [max_batch]
   DeviceBuffer<std::int32_t> tokens_;            // [max_batch] sampler output
   DeviceBuffer<std::int32_t> feedback_;          // [max_slots]
