@@ -90,6 +90,12 @@ bool parse(int argc, char** argv, Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      usage();
+      return 0;
+    }
+  }
   try {
     if (!parse(argc, argv, o)) return usage();
   } catch (const std::exception&) {
