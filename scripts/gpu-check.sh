@@ -81,7 +81,9 @@ if has parity; then
   # Hugging Face parity (scripts/hf_parity.py), when torch and transformers are importable.
   if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
     log="$OUT/hf_parity.txt"
-    if python3 scripts/hf_parity.py --binary $BUILD/examples/model_parity > "$log" 2>&1; then
+    # shellcheck disable=SC2086
+    if python3 scripts/hf_parity.py --binary $BUILD/examples/model_parity \
+        ${GD_PARITY_ARGS:---train-steps 2000} > "$log" 2>&1; then
       note "hf_parity" "PASS"; else note "hf_parity" "FAIL"; status=1; fi
     cat "$log"
   else
