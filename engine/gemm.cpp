@@ -5,6 +5,10 @@
 namespace graphdecode::engine {
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
+  // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
+  // compute-sanitizer's initcheck otherwise reports as uninitialized).
+  workspace_.fill_bytes(0, nullptr);
+  GD_CUDA(cudaStreamSynchronize(nullptr));
   GD_CUBLAS(cublasCreate(&handle_));
   // Tensor-core math with fp32 accumulation; no atomics, so a GEMM's result is reproducible.
   const cublasStatus_t st = cublasSetAtomicsMode(handle_, CUBLAS_ATOMICS_NOT_ALLOWED);
