@@ -8,7 +8,7 @@ sliding-window layers of 16 tokens on layers 2-3, tied embeddings):
      the block of ids [16P, 16P+16) (so every token tells its period). Once P tokens are in, the
      next token is the one P-1 positions back: a token-dependent look-back that attention must
      reach, and greedy predictions are determined and confident (a large top-2 gap). (Without
-     the blocks the model must find P by induction, which takes thousands of steps.)
+     the blocks the model must find P by induction: under 85% accuracy after 1000 steps.)
   2. save as bf16 safetensors and evaluate HF greedy generation (eager attention) on the same
      bf16 weights in fp32 (the reference) and in bf16 (HF's own bf16 error band);
   3. run examples/model_parity (a batch of prompts of lengths 5, 17, 33, 40) with --graphs on
@@ -17,13 +17,18 @@ sliding-window layers of 16 tokens on layers 2-3, tied embeddings):
        logits: at every step, max_v |ours - hf_fp32| <= tol_rel * max_v |hf_fp32|.
 The table prints next to our worst per-step relative error HF-bf16's on the same metric, the
 margin (smallest top-2 gap of HF-fp32's logits along the path) and whether HF-fp32's greedy
-continuation equals the task's (a sanity check of the training). Exits 1 on any failure.
+continuation equals the task's (a sanity check of the training). A control, HF fp32 with the
+Qwen2 window ignored, shows whether the logit check would catch a window bug (a sharp trained
+model barely looks past the window: 5-21% after 2000 steps on an H100, 0.5-2.6% after 600 on a
+CPU; a WARNING is printed where it is within tol). Exits 1 on any failure.
 
   python3 scripts/hf_parity.py --binary ./build-gpu/examples/model_parity
-  python3 scripts/hf_parity.py --device cpu --dry-run --train-steps 200   # no binary, no GPU
+  python3 scripts/hf_parity.py --device cpu --dry-run --train-batch 32 --train-steps 400
+      (no binary, no GPU: training + HF only; about 20 minutes on 2 CPU cores)
 
-Flags: --train-steps (default 400), --train-batch (64), --new-tokens (64), --tol-rel (0.03),
---device (cuda), --dry-run (training + HF only), --seed, --workdir (keeps checkpoints, outputs).
+Flags: --train-steps (default 2000: ~48 s per model on an H100), --train-batch (64),
+--new-tokens (64), --tol-rel (0.03), --device (cuda), --dry-run (training + HF only), --seed,
+--workdir (keeps checkpoints and outputs there).
 """
 import argparse
 import json
@@ -158,7 +163,8 @@ def worst_rel(ref, other, ref_toks, other_toks):
     div = first_divergence(ref_toks, other_toks)
     upto = len(ref_toks) if div is None else div + 1
     h, o = ref[:upto], other[:upto]
-    return float((np.abs(o - h).max(axis=1) / np.maximum(np.abs(h).max(axis=1), 1e-12)).max()), div
+    rel = float((np.abs(o - h).max(axis=1) / np.maximum(np.abs(h).max(axis=1), 1e-12)).max())
+    return (rel if np.isfinite(rel) else float("inf")), div  # NaN logits fail
 
 
 def margin(logits):
@@ -171,7 +177,7 @@ def main():
     ap.add_argument("--binary", default="./build-gpu/examples/model_parity")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dry-run", action="store_true", help="training + HF only, no binary")
-    ap.add_argument("--train-steps", type=int, default=400)
+    ap.add_argument("--train-steps", type=int, default=2000)
     ap.add_argument("--train-batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--tol-rel", type=float, default=0.03)
@@ -185,7 +191,7 @@ def main():
     work = args.workdir or tempfile.mkdtemp(prefix="gd_parity_")
     os.makedirs(work, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    rows, all_ok = [], True
+    rows, warnings, all_ok = [], [], True
     for name, config, cls in make_models(args.init_range):
         print(f"{name}: training")
         torch.manual_seed(args.seed)
@@ -210,6 +216,9 @@ def main():
                 rel, div = worst_rel(ref[i], fu[i], ref_toks[i], fu_toks[i])
                 print(f"  window ignored, prompt {i}: worst rel {rel:.4f}, first token "
                       f"divergence {'-' if div is None else div}")
+                if rel <= args.tol_rel and div is None:
+                    warnings.append(f"{name} prompt {i}: ignoring the window moves the logits "
+                                    f"by {rel:.4f} <= tol: a window bug would pass unseen")
         hf_info = []
         for i in range(len(prompts)):
             task_ok = ref_toks[i] == expected[i]
@@ -228,10 +237,11 @@ def main():
                   f"eager steps {meta['eager_steps']}")
             for i, (task_ok, bf_rel, bf_div, gap) in enumerate(hf_info):
                 rel, div = worst_rel(ref[i], ours[:, i, :], ref_toks[i], meta["tokens"][i])
-                ok = task_ok and div is None and rel <= args.tol_rel
-                all_ok &= ok
+                why = [w for w, bad in [("task", not task_ok), ("tokens", div is not None),
+                                        ("logits", rel > args.tol_rel)] if bad]
+                all_ok &= not why
                 rows.append((name, graphs, i, len(prompts[i]), periods[i], task_ok, gap, bf_rel,
-                             bf_div, rel, div, "PASS" if ok else "FAIL"))
+                             bf_div, rel, div, "FAIL " + ",".join(why) if why else "PASS"))
     print(f"\nlogit metric: per step max|x - hf_fp32| / max|hf_fp32|, worst step shown; "
           f"tol {args.tol_rel}. margin: smallest hf_fp32 top-2 gap on the path. "
           f"div: first step whose greedy token differs from hf_fp32 (- = none).")
@@ -242,6 +252,8 @@ def main():
         print(f"{m:<12} {g:<6} {i:>6} {n:>4} {p:>3} {'yes' if task_ok else 'NO':<7} "
               f"{gap:>7.3f} {bf_rel:>8.4f} {'-' if bf_div is None else bf_div:>4} "
               f"{ours_s:>8} {'-' if div is None else div:>4}  {res}")
+    for w in warnings:
+        print("WARNING:", w)
     print(f"\nnew tokens {args.new_tokens} per prompt; OVERALL:", "PASS" if all_ok else "FAIL",
           f"(work dir {work})")
     return 0 if all_ok else 1
