@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attention/paged_attention.h"
+#include "bench/bench_util.cuh"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
@@ -35,51 +36,6 @@ namespace graphdecode::bench {
 namespace {
 
 constexpr std::int32_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
-
-// ---- device helpers -----------------------------------------------------------------------------
-
-__device__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-
-// Random bf16 in [-1, -1/64] U [1/64, 1].
-__global__ void fill_random_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::uint32_t h = hash32(i * 0x9e3779b97f4a7c15ull + seed);
-    const float mag = 1.f / 64.f + (63.f / 64.f) * ((h & 0xffffffu) * (1.f / 16777216.f));
-    p[i] = __float2bfloat16_rn((h >> 31) ? -mag : mag);
-  }
-}
-
-// Reads the whole buffer (evicting the L2 with clean lines); the store never happens in practice
-// but keeps the loads alive.
-__global__ void l2_flush_read(const int4* p, std::size_t n, int* sink) {
-  int acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x7fffffff) *sink = acc;
-}
-
-void fill_random(DeviceBuffer<std::uint16_t>& buf, std::uint64_t seed, cudaStream_t s) {
-  fill_random_bf16<<<1024, 256, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(buf.data()), buf.size(),
-                                        seed);
-  GD_CHECK_LAUNCH();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ---- measurements -------------------------------------------------------------------------------
 
@@ -95,28 +51,6 @@ Device device_info() {
   cudaDeviceProp p{};
   GD_CUDA(cudaGetDeviceProperties(&p, dev));
   return Device{p.name, p.l2CacheSize, p.multiProcessorCount};
-}
-
-// Median GB/s of a D2D cudaMemcpy, counting read + write bytes.
-double copy_bandwidth_gbps(cudaStream_t s) {
-  std::size_t free_b = 0, total_b = 0;
-  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const std::size_t bytes =
-      std::min<std::size_t>(std::size_t{1} << 30, free_b / 4) & ~std::size_t{255};
-  DeviceBuffer<char> a(bytes), b(bytes);
-  a.fill_bytes(1, s);
-  for (int i = 0; i < 3; ++i)
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-  std::vector<double> ms;
-  Event e0, e1;
-  for (int i = 0; i < 20; ++i) {
-    e0.record(s);
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-    e1.record(s);
-    e1.synchronize();
-    ms.push_back(e1.elapsed_ms_since(e0));
-  }
-  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
 }
 
 // Median device time of `reps` replays of `graph`, each after an L2 flush (5 warm-up replays).

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -54,83 +55,18 @@ constexpr std::int32_t kPage = 16;
 constexpr int kWarmup = 10;
 constexpr std::uint64_t kSeed = 1234;
 
-// ---- device helpers (as bench_attention) --------------------------------------------------------
-
-// Random bf16 in [-1, -1/64] U [1/64, 1]: K/V of the prefix (never zeros).
-__global__ void fill_random_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;  // murmur3 finalizer
-    x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdull;
-    x = (x ^ (x >> 33)) * 0xc4ceb9fe1a85ec53ull;
-    const auto h = static_cast<std::uint32_t>(x ^ (x >> 33));
-    const float mag = 1.f / 64.f + (63.f / 64.f) * ((h & 0xffffffu) * (1.f / 16777216.f));
-    p[i] = __float2bfloat16_rn((h >> 31) ? -mag : mag);
-  }
-}
-
-// Reads the whole buffer: evicts the L2 with clean lines (no write-back in the timed step).
-__global__ void l2_flush_read(const int4* p, std::size_t n, int* sink) {
-  int acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x7fffffff) *sink = acc;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Median GB/s of a D2D cudaMemcpy, counting read + write bytes.
-double copy_bandwidth_gbps(cudaStream_t s) {
-  std::size_t free_b = 0, total_b = 0;
-  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const std::size_t bytes =
-      std::min<std::size_t>(std::size_t{1} << 30, free_b / 4) & ~std::size_t{255};
-  DeviceBuffer<char> a(bytes), b(bytes);
-  a.fill_bytes(1, s);
-  for (int i = 0; i < 3; ++i)
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-  std::vector<double> ms;
-  Event e0, e1;
-  for (int i = 0; i < 20; ++i) {
-    e0.record(s);
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-    e1.record(s);
-    e1.synchronize();
-    ms.push_back(e1.elapsed_ms_since(e0));
-  }
-  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
-}
-
 // ---- configs ------------------------------------------------------------------------------------
 
-// meta-llama/Llama-3.2-1B config.json, built in code.
+// The Llama-3.2-1B shape (engine/model_config.h); --quick shrinks it for a smoke run.
 ModelConfig llama32_1b_config(bool quick) {
-  ModelConfig c;
-  c.family = ModelFamily::kLlama;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = quick ? 32000 : 128256;
-  c.hidden_size = quick ? 512 : 2048;
-  c.intermediate_size = quick ? 1536 : 8192;
-  c.num_hidden_layers = quick ? 4 : 16;
-  c.num_attention_heads = quick ? 8 : 32;
-  c.num_key_value_heads = quick ? 2 : 8;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.rope_scaling.type = RopeScalingType::kLlama3;
-  c.rope_scaling.factor = 32.0;
-  c.rope_scaling.low_freq_factor = 1.0;
-  c.rope_scaling.high_freq_factor = 4.0;
-  c.rope_scaling.original_max_position_embeddings = 8192;
-  c.max_position_embeddings = 131072;
-  c.tie_word_embeddings = true;
+  ModelConfig c = llama_1b_config();
+  if (!quick) return c;
+  c.vocab_size = 32000;
+  c.hidden_size = 512;
+  c.intermediate_size = 1536;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
   c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
   c.validate();
   return c;
@@ -202,9 +138,8 @@ struct Rig {
       for (std::int32_t layer = 0; layer < pc.shape.num_layers; ++layer) {
         const PagedKvView v = pool.view(layer);
         for (void* p : {v.k, v.v}) {
-          fill_random_bf16<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), elems,
-                                                kSeed + static_cast<std::uint64_t>(layer) * 7 + k);
-          GD_CHECK_LAUNCH();
+          fill_random(static_cast<std::uint16_t*>(p), elems,
+                      kSeed + static_cast<std::uint64_t>(layer) * 7 + k, s);
         }
       }
     }

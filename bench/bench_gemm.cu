@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -51,58 +52,6 @@ constexpr Shape kShapes[] = {{"qkv", 2048, 3072, GemmOut::kBF16},
                              {"down", 8192, 2048, GemmOut::kBF16},
                              {"lm_head", 2048, 128256, GemmOut::kF32}};
 constexpr std::int32_t kRows[] = {1, 2, 4, 8};
-
-__device__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-
-// Random bf16 in [-1, 1].
-__global__ void fill_random_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::uint32_t h = hash32(i * 0x9e3779b97f4a7c15ull + seed);
-    p[i] = __float2bfloat16_rn((h & 0xffffffu) * (2.f / 16777216.f) - 1.f);
-  }
-}
-
-void fill_random(DeviceBuffer<std::uint16_t>& buf, std::uint64_t seed, cudaStream_t s) {
-  fill_random_bf16<<<1024, 256, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(buf.data()), buf.size(),
-                                        seed);
-  GD_CHECK_LAUNCH();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Median GB/s of a D2D cudaMemcpy, counting read + write bytes.
-double copy_bandwidth_gbps(cudaStream_t s) {
-  std::size_t free_b = 0, total_b = 0;
-  GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const std::size_t bytes =
-      std::min<std::size_t>(std::size_t{1} << 30, free_b / 4) & ~std::size_t{255};
-  DeviceBuffer<char> a(bytes), b(bytes);
-  a.fill_bytes(1, s);
-  for (int i = 0; i < 3; ++i)
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-  std::vector<double> ms;
-  Event e0, e1;
-  for (int i = 0; i < 20; ++i) {
-    e0.record(s);
-    GD_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-    e1.record(s);
-    e1.synchronize();
-    ms.push_back(e1.elapsed_ms_since(e0));
-  }
-  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
-}
 
 // Median device time of one replay of `graph` over `reps` replays, after 5 warm-up replays.
 double replay_median_us(const CudaGraph& graph, int reps, cudaStream_t s) {
@@ -136,10 +85,10 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
   std::vector<DeviceBuffer<std::uint16_t>> w;
   for (int c = 0; c < copies; ++c) {
     w.emplace_back(welems);
-    fill_random(w.back(), 1000 + c, s);
+    fill_random(w.back(), 1000 + c, s, 0.f);  // uniform in [-1, 1]
   }
   DeviceBuffer<std::uint16_t> x(static_cast<std::size_t>(8) * sh.k);
-  fill_random(x, 7, s);
+  fill_random(x, 7, s, 0.f);
   const std::size_t esize = sh.out == GemmOut::kF32 ? 4 : 2;
   DeviceBuffer<std::uint8_t> y(static_cast<std::size_t>(8) * sh.n * esize);
   for (std::int32_t rows : kRows) {
