@@ -51,23 +51,15 @@ struct WorkItem {
   int chunks;  // chunks of the request (all tiles and heads share the count)
   int item;    // this CTA's work item; item - chunk is the first chunk of its (head, tile)
   int part_off;
+  int slot;  // the request's page-table row
 };
 
-// Finds the request of work item `item`. All threads of the CTA take part: the item_start table is
-// scanned in parallel (one round of loads for up to 128 requests) rather than binary-searched
-// (log2(batch) dependent loads at the start of every CTA).
-__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w,
-                                                 int* s_request) {
-  const int n = read_num_requests(p.batch, p.max_batch);
-  if (item >= *p.plan.total_items) return false;  // uniform over the CTA
-  if (threadIdx.x == 0) *s_request = -1;
-  __syncthreads();
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    if (p.plan.item_start[i] <= item && item < p.plan.item_start[i + 1]) *s_request = i;
-  }
-  __syncthreads();
-  const int r = *s_request;
-  if (r < 0) return false;
+// Decodes work item `item` from the plan: its request comes from one load of item_request (issued
+// together with the total), then every per-request field in one more round of independent loads.
+__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w) {
+  const int total = *p.plan.total_items;
+  const int r = p.plan.item_request[item];  // stale beyond `total`; then unused
+  if (item >= total || r < 0 || r >= p.max_batch) return false;  // uniform over the CTA
   const int tiles = p.plan.num_tiles[r];
   const int chunks = p.plan.num_chunks[r];
   if (tiles == 0 || chunks == 0) return false;
@@ -90,6 +82,7 @@ __device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item
   w.chunks = chunks;
   w.item = item;
   w.part_off = p.plan.part_off[r];
+  w.slot = p.batch.slot[r];
 
   // Keys of this chunk, then narrowed to what this tile's queries can see.
   const int first = p.plan.first_key[r];
@@ -110,11 +103,19 @@ __device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item
   return true;
 }
 
+// Tile row -> (token of the request, query head): rows are (token, head-in-group) pairs.
+__device__ __forceinline__ void row_token_head(const KernelParams& p, const WorkItem& w, int row,
+                                               int& tok, int& head) {
+  const int t = p.group_div.div(row);
+  tok = w.tok0 + t;
+  head = w.kv_head * p.group + (row - t * p.group);
+}
+
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
                                              T* sK, T* sV) {
   using C = TileConfig<kHeadDim>;
-  const int slot = p.batch.slot[w.request];
+  const int slot = w.slot;
   const T* K = static_cast<const T*>(p.kv.k);
   const T* V = static_cast<const T*>(p.kv.v);
   // (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
@@ -126,9 +127,11 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
     bool valid = key >= w.kb && key < w.ke;
     std::int64_t off = 0;
     if (valid) {
-      const int page = page_of_token(p.kv, slot, key);
+      const int page_idx = p.page_div.div(key);
+      const int page =
+          p.kv.page_table[static_cast<std::int64_t>(slot) * p.kv.max_pages_per_slot + page_idx];
       valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
-      off = kv_element_offset(p.kv, page, w.kv_head, key % p.kv.page_size) + ch * 8;
+      off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
     }
     const int s = swizzled_offset<kHeadDim>(row, ch);
     cp_async_16(sK + s, K + off, valid);
@@ -140,8 +143,8 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
 template <typename T>
 __device__ __forceinline__ void store_row_pair(const KernelParams& p, const WorkItem& w, int row,
                                                int dim, float o0, float o1) {
-  const int tok = w.tok0 + row / p.group;
-  const int head = w.kv_head * p.group + row % p.group;
+  int tok, head;
+  row_token_head(p, w, row, tok, head);
   if (w.split) {
     const std::int64_t e =
         w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
@@ -154,8 +157,8 @@ __device__ __forceinline__ void store_row_pair(const KernelParams& p, const Work
 }
 __device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkItem& w, int row,
                                               float lse2) {
-  const int tok = w.tok0 + row / p.group;
-  const int head = w.kv_head * p.group + row % p.group;
+  int tok, head;
+  row_token_head(p, w, row, tok, head);
   if (w.split) {
     const std::int64_t e =
         w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
@@ -188,9 +191,10 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       const bool valid = row < w.rows;
       std::int64_t off = 0;
       if (valid) {
-        const int tok = w.q_begin + w.tok0 + row / p.group;
-        const int head = w.kv_head * p.group + row % p.group;
-        off = (static_cast<std::int64_t>(tok) * p.num_q_heads + head) * kHeadDim + ch * 8;
+        int tok, head;
+        row_token_head(p, w, row, tok, head);
+        off =
+            (static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head) * kHeadDim + ch * 8;
       }
       cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
     }
@@ -202,7 +206,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   for (int i = 0; i < 2; ++i) {
     const int row = wq * 16 + g + 8 * i;
     if (row < w.rows) {
-      const int pos = w.pos0 + row / p.group;
+      const int pos = w.pos0 + p.group_div.div(row);
       row_lo[i] = p.causal ? max(w.kb, first_visible_key(pos, w.window)) : w.kb;
       row_hi[i] = p.causal ? min(w.ke - 1, pos) : w.ke - 1;
     } else {
@@ -214,20 +218,16 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   const int key_begin = w.kb < w.ke ? (w.kb / kBlockN) * kBlockN : 0;
   const int n_tiles = w.kb < w.ke ? (w.ke - key_begin + kBlockN - 1) / kBlockN : 0;
 
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_tiles)
-      load_kv_tile<T, kHeadDim>(p, w, key_begin + s * kBlockN, sK + s * kBlockN * kHeadDim,
-                                sV + s * kBlockN * kHeadDim);
-    cp_async_commit();  // (the first group also carries Q)
-  }
-
   float o[kDB][4];
 #pragma unroll
   for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  for (int it = 0; it < n_tiles; ++it) {
+  // The first kStages - 1 iterations only fill the pipeline: one load site keeps the code small
+  // (every CTA fetches it cold; at small batch a CTA runs 1-2 tiles, so code is the latency).
+  // The first commit group also carries Q.
+#pragma unroll 1
+  for (int it = 1 - C::kStages; it < n_tiles; ++it) {
     {
       const int nxt = it + C::kStages - 1;
       if (nxt < n_tiles) {
@@ -237,6 +237,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       }
       cp_async_commit();
     }
+    if (it < 0) continue;
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const int st = it % C::kStages;
@@ -384,6 +385,9 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 // Split-KV merge fused into the attention kernel: the last CTA of a (request, head, tile) to finish
 // its chunk merges all chunks of those rows, in chunk order (so the result does not depend on which
 // CTA came last), writes out/lse and resets the counter for the next launch or graph replay.
+// One pass with a running maximum, 4 dims per thread, chunks loaded kMergeBatch at a time: a merge
+// of up to 8 chunks costs one L2 round trip after the arrival count. (A loop whose body branches
+// on each loaded lse serialized the loads: +10 us at 33 chunks on the H100.)
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkItem& w,
                                               int* s_last) {
@@ -398,31 +402,53 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
   __syncthreads();
   if (!*s_last) return;
   __threadfence();  // order the counter read before the partial reads
-  for (int e = threadIdx.x; e < w.rows * (kHeadDim / 2); e += kThreads) {
-    const int row = e / (kHeadDim / 2);
-    const int dim = (e % (kHeadDim / 2)) * 2;
-    const int tok = w.tok0 + row / p.group;
-    const int head = w.kv_head * p.group + row % p.group;
-    const std::int64_t first =
-        w.part_off + static_cast<std::int64_t>(tok) * p.num_q_heads + head;  // chunk 0
-    const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.num_q_heads;
-    float mmax = -INFINITY;
-    for (int c = 0; c < w.chunks; ++c)
-      mmax = fmaxf(mmax, __ldcg(p.partial_lse + first + c * stride));
-    float wsum = 0.f, o0 = 0.f, o1 = 0.f;
-    for (int c = 0; c < w.chunks; ++c) {
-      const std::int64_t idx = first + c * stride;
-      const float lc = __ldcg(p.partial_lse + idx);
-      const float sc = lc == -INFINITY ? 0.f : exp2f(lc - mmax);
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.partial_o + idx * kHeadDim + dim));
-      wsum += sc;
-      o0 += sc * v.x;
-      o1 += sc * v.y;
+  const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.num_q_heads;  // per chunk
+  constexpr int kQuads = kHeadDim / 4;
+  for (int e = threadIdx.x; e < w.rows * kQuads; e += kThreads) {
+    const int row = e / kQuads;
+    const int dim = (e % kQuads) * 4;
+    int tok, head;
+    row_token_head(p, w, row, tok, head);
+    const std::int64_t first = w.part_off + static_cast<std::int64_t>(tok) * p.num_q_heads + head;
+    float mmax = -INFINITY, wsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // Chunks in batches of kMergeBatch, in chunk order (the sum is deterministic): all loads of a
+    // batch are issued before any is used, then one rescale to the batch's maximum.
+    constexpr int kMergeBatch = 8;
+    for (int c0 = 0; c0 < w.chunks; c0 += kMergeBatch) {
+      float lc[kMergeBatch];
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) {
+        const bool ok = c0 + k < w.chunks;
+        const std::int64_t idx = first + static_cast<std::int64_t>(ok ? c0 + k : c0) * stride;
+        lc[k] = ok ? __ldcg(p.partial_lse + idx) : -INFINITY;
+        v[k] = ok ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + idx * kHeadDim + dim))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float bm = mmax;
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) bm = fmaxf(bm, lc[k]);
+      if (bm == -INFINITY) continue;     // no chunk so far saw a key
+      const float r = exp2f(mmax - bm);  // mmax = -inf -> 0
+      wsum *= r;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] *= r;
+      mmax = bm;
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) {
+        const float sc = exp2f(lc[k] - mmax);  // lc = -inf -> 0
+        wsum += sc;
+        acc[0] += sc * v[k].x;
+        acc[1] += sc * v[k].y;
+        acc[2] += sc * v[k].z;
+        acc[3] += sc * v[k].w;
+      }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     const std::int64_t orow = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
-    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + orow * kHeadDim + dim) =
-        MmaType<T>::pack(o0 * inv, o1 * inv);
+    const uint2 packed = make_uint2(MmaType<T>::pack(acc[0] * inv, acc[1] * inv),
+                                    MmaType<T>::pack(acc[2] * inv, acc[3] * inv));
+    *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + orow * kHeadDim + dim) = packed;
     if (dim == 0 && p.lse != nullptr)
       p.lse[orow] = wsum > 0.f ? (mmax + log2f(wsum)) * 0.6931471805599453f : -INFINITY;
   }
@@ -436,7 +462,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
   WorkItem w;
-  if (!decode_work_item(p, blockIdx.x, w, &s_flag)) return;
+  // Launched as a programmatic dependent of the planner (PDL): wait for the earlier kernels'
+  // writes before the first global read. (A no-op when launched without PDL.)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (!decode_work_item(p, blockIdx.x, w)) return;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;

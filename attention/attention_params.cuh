@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "attention/paged_attention.h"
+#include "common/fast_divmod.h"
 #include "memory/kv_layout.h"
 
 namespace graphdecode::attn {
@@ -15,9 +16,17 @@ constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout 
 constexpr int kPlanThreads = 256;
 constexpr int kNoSplit = 1 << 30;  // chunk size meaning "one chunk" (a multiple of kBlockN)
 #ifndef GD_ATTN_MIN_SPLIT
-#define GD_ATTN_MIN_SPLIT 256
+#define GD_ATTN_MIN_SPLIT 64
 #endif
 constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;  // adaptive mode never splits finer than this
+// ...and cuts a request into at most kMaxFineChunks chunks shorter than kFineChunkTokens: past
+// that, the extra CTAs and merge inputs cost more than the shorter chunks save (H100, B=1:
+// L=512 is fastest at 8 x 64 keys, L=2048 at 16 x 128 rather than 32 x 64).
+#ifndef GD_ATTN_MAX_FINE_CHUNKS
+#define GD_ATTN_MAX_FINE_CHUNKS 16
+#endif
+constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
+constexpr int kFineChunkTokens = 256;
 constexpr int kMaxAdaptiveChunks = 64;
 
 // Per-request plan written by the device planner. [max_batch (+1)] each.
@@ -30,6 +39,8 @@ struct PlanView {
   std::int32_t* key_end;      // [max_batch] one past its last key (<= first_key: no key)
   std::int32_t* total_items;  // [1] work items of the step (= item_start[n]), readable at once
   std::int32_t* part_off;     // [max_batch] first partial entry (token, head, chunk) of the request
+  std::int32_t* item_request;  // [max_work] request of each work item < total_items (a CTA finds
+                               // its request in one load instead of searching item_start)
 };
 
 struct PlanParams {
@@ -64,7 +75,9 @@ struct KernelParams {
   std::int32_t num_q_heads;
   std::int32_t group;
   std::int32_t tokens_per_tile;
-  float scale_log2;  // sm_scale * log2(e)
+  FastDivmod page_div;   // by kv.page_size
+  FastDivmod group_div;  // by group
+  float scale_log2;      // sm_scale * log2(e)
   bool causal;
 };
 

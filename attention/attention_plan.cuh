@@ -13,9 +13,6 @@
 // or no tiles, so nothing reads or writes out of bounds.
 #pragma once
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
 #include "attention/attention_params.cuh"
 #include "common/request_rules.h"
 
@@ -50,42 +47,75 @@ __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r
   return s;
 }
 
+__device__ __forceinline__ int round_up_tile(int keys) {
+  return (keys + kBlockN - 1) / kBlockN * kBlockN;
+}
+
 __device__ __forceinline__ int chunks_of(const RequestShape& s, int chunk_size) {
   if (s.tiles == 0) return 0;
   if (s.last_key < s.first_key) return 1;  // one item that writes zeros / -inf
   return s.last_key / chunk_size - s.first_key / chunk_size + 1;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ PlanParams p) {
-  using Reduce = cub::BlockReduce<int, kPlanThreads>;
-  using Scan = cub::BlockScan<long long, kPlanThreads>;
-  __shared__ union {
-    typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
-  } tmp;
-  __shared__ int total_base_s;
+// Exclusive prefix sum over the block (kPlanThreads threads, warp shuffles + one shared array of
+// warp totals); `total` gets the block's sum. Small code on purpose: the planner runs once per
+// step, cold, on the critical path of every attention launch.
+__device__ __forceinline__ long long block_exclusive_sum(long long v, long long& total,
+                                                         long long* s_warp /*[kPlanWarps + 1]*/) {
+  constexpr int kPlanWarps = kPlanThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  long long x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const long long y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long acc = 0;
+    for (int i = 0; i < kPlanWarps; ++i) {
+      const long long t = s_warp[i];
+      s_warp[i] = acc;
+      acc += t;
+    }
+    s_warp[kPlanWarps] = acc;
+  }
+  __syncthreads();
+  const long long before = s_warp[warp] + x - v;
+  total = s_warp[kPlanWarps];
+  __syncthreads();  // s_warp is reused by the next call
+  return before;
+}
 
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ PlanParams p) {
+  __shared__ long long s_warp[kPlanThreads / 32 + 1];
+  __shared__ int s_first_item[kPlanThreads + 1];  // work items of this round's requests, by request
+  // The attention kernel may be scheduled now (PDL); it waits for this grid's writes itself.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int n = read_num_requests(p.batch, p.max_batch);
   const int window = read_window(p.batch, p.causal);
+  // Up to kPlanThreads requests (the common case) are read once and kept in registers.
+  const bool one_round = n <= kPlanThreads;
+  RequestShape mine;
+  if (one_round && static_cast<int>(threadIdx.x) < n) mine = request_shape(p, threadIdx.x, window);
+  const auto shape_of = [&](int r) { return one_round ? mine : request_shape(p, r, window); };
 
   // Pass 1 (adaptive mode): how many CTAs the batch makes without splitting.
-  int total_base = 0;
+  long long total_base = 0;
   if (!p.deterministic) {
     for (int base = 0; base < n; base += kPlanThreads) {
       const int r = base + threadIdx.x;
-      const int work = r < n ? request_shape(p, r, window).tiles * p.num_kv_heads : 0;
-      const int sum = Reduce(tmp.reduce).Sum(work);
-      if (threadIdx.x == 0) total_base += sum;
-      __syncthreads();
+      const long long work = r < n ? 1LL * shape_of(r).tiles * p.num_kv_heads : 0;
+      long long sum = 0;
+      block_exclusive_sum(work, sum, s_warp);
+      total_base += sum;
     }
-    if (threadIdx.x == 0) total_base_s = total_base;
-    __syncthreads();
-    total_base = total_base_s;
   }
   int adaptive_chunks = 1;
   if (!p.deterministic && total_base > 0 && total_base < p.target_ctas) {
     // Floor: anchored chunking may add one chunk, and one wave of CTAs beats a wave and a bit.
-    adaptive_chunks = min(kMaxAdaptiveChunks, max(1, p.target_ctas / total_base));
+    adaptive_chunks = min(kMaxAdaptiveChunks, max(1, static_cast<int>(p.target_ctas / total_base)));
   }
 
   // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.
@@ -95,29 +125,30 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     RequestShape s;
     int chunk = kNoSplit;
     if (r < n) {
-      s = request_shape(p, r, window);
+      s = shape_of(r);
       if (p.deterministic) {
         chunk = p.split_tokens;
       } else if (adaptive_chunks > 1 && s.last_key >= s.first_key) {
         const int span = s.last_key - s.first_key + 1;
         const int per = (span + adaptive_chunks - 1) / adaptive_chunks;
-        chunk = max(kMinSplitTokens, (per + kBlockN - 1) / kBlockN * kBlockN);
+        chunk = max(kMinSplitTokens, round_up_tile(per));
+        // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
+        chunk = max(chunk, min(kFineChunkTokens,
+                               round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks)));
       }
     }
     int chunks = r < n ? chunks_of(s, chunk) : 0;
     long long parts = chunks > 1 ? 1LL * chunks * s.q_len * p.num_q_heads : 0;
-    long long part_off = 0, parts_total = 0;
-    Scan(tmp.scan).ExclusiveSum(parts, part_off, parts_total);
-    __syncthreads();
+    long long parts_total = 0;
+    const long long part_off = block_exclusive_sum(parts, parts_total, s_warp);
     if (chunks > 1 && parts_carry + part_off + parts > p.max_partials) {
       // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
       chunk = kNoSplit;
       chunks = chunks_of(s, chunk);
     }
     const long long items = 1LL * chunks * s.tiles * p.num_kv_heads;
-    long long item_off = 0, items_total = 0;
-    Scan(tmp.scan).ExclusiveSum(items, item_off, items_total);
-    __syncthreads();
+    long long items_total = 0;
+    const long long item_off = block_exclusive_sum(items, items_total, s_warp);
     if (r < n) {
       const long long start = items_carry + item_off;
       const bool fits = start + items <= p.max_work;
@@ -129,6 +160,27 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
       p.plan.key_end[r] = s.last_key + 1;
       p.plan.part_off[r] = static_cast<int>(parts_carry + part_off);
     }
+    // item -> request for this round's items, written by the whole block (a request may own
+    // thousands of items): each item finds its request by binary search over the round's starts.
+    const int round_n = min(kPlanThreads, n - base);
+    if (static_cast<int>(threadIdx.x) < round_n)
+      s_first_item[threadIdx.x] = static_cast<int>(item_off);
+    if (threadIdx.x == 0) s_first_item[round_n] = static_cast<int>(items_total);
+    __syncthreads();
+    const long long round_end = min(items_carry + items_total, static_cast<long long>(p.max_work));
+    for (long long item = items_carry + threadIdx.x; item < round_end; item += kPlanThreads) {
+      const int local = static_cast<int>(item - items_carry);
+      int lo = 0, hi = round_n - 1;  // last request whose first item <= local
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (s_first_item[mid] <= local)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      p.plan.item_request[item] = base + lo;
+    }
+    __syncthreads();  // s_first_item is rewritten by the next round
     items_carry += items_total;
     parts_carry += parts_total;
   }

@@ -25,9 +25,26 @@ void enable_smem() {
                                static_cast<int>(TileConfig<kHeadDim>::kSmemBytes)));
 }
 
+#ifndef GD_ATTN_PDL
+#define GD_ATTN_PDL 1
+#endif
+
+// `after_plan`: launched right behind the planner as a programmatic dependent (PDL), so its CTAs
+// are scheduled while the one-block planner runs; the kernel waits (griddepcontrol.wait) before
+// its first read of anything an earlier kernel wrote.
 template <typename T, int kHeadDim>
-void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
-  attention_kernel<T, kHeadDim><<<grid, kThreads, TileConfig<kHeadDim>::kSmemBytes, stream>>>(kp);
+void launch(const KernelParams& kp, int grid, bool after_plan, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = TileConfig<kHeadDim>::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (GD_ATTN_PDL && after_plan) ? 1 : 0;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim>, kp));
   GD_CHECK_LAUNCH();
 }
 
@@ -91,17 +108,21 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     max_partials_ = static_cast<long long>(c.max_q_tokens) * c.num_q_heads * max_chunks_;
   } else {
     max_chunks_ = kMaxAdaptiveChunks + 1;
-    max_work_ = std::max<long long>(tiles_cap * c.num_kv_heads, 3LL * target_ctas_);
+    // Splitting a batch of `base` (tile, head) items into floor(target / base) chunks per span
+    // gives at most that many plus one anchored extra per item: <= target + base work items.
+    max_work_ = tiles_cap * c.num_kv_heads + target_ctas_;
     max_partials_ = 3LL * target_ctas_ * kMaxRows;
   }
   GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
              "capacities too large for one attention call");
 
-  plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 2);
+  plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 2 +
+                                     static_cast<std::size_t>(max_work_));
   merge_count_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_));
   // Zeroed once here (and synchronized: run() may come on any stream); the kernel leaves every
   // counter at 0 again after use, so replays need no reset.
   merge_count_.fill_bytes(0, nullptr);
+  plan_.fill_bytes(0, nullptr);  // item_request is read (not used) past the step's items
   GD_CUDA(cudaStreamSynchronize(nullptr));
   partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
   partial_lse_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_));
@@ -123,7 +144,8 @@ attn::PlanView PagedAttention::plan_view() const {
                         .first_key = b + (4 * n + 1),
                         .key_end = b + (5 * n + 1),
                         .total_items = b + (6 * n + 1),
-                        .part_off = b + (6 * n + 2)};  // [n]: ends at 7n + 2
+                        .part_off = b + (6 * n + 2),       // [n]: ends at 7n + 2
+                        .item_request = b + (7 * n + 2)};  // [max_work]
 }
 
 void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
@@ -154,6 +176,12 @@ void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) cons
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                                  void* out, float* lse, cudaStream_t stream) const {
+  launch_attention(batch, kv, q, out, lse, /*after_plan=*/false, stream);
+}
+
+void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
+                                      const void* q, void* out, float* lse, bool after_plan,
+                                      cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
@@ -186,17 +214,19 @@ void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView&
   kp.group = group;
   kp.tokens_per_tile = kMaxRows / group;
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
+  kp.page_div = FastDivmod::make(static_cast<std::uint32_t>(kv.page_size));
+  kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.causal = c.mode == AttentionMode::kCausal;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
-    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
+    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), after_plan, stream);
   });
 }
 
 void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                          void* out, float* lse, cudaStream_t stream) const {
   plan(batch, stream);
-  run_planned(batch, kv, q, out, lse, stream);
+  launch_attention(batch, kv, q, out, lse, /*after_plan=*/true, stream);
 }
 
 }  // namespace graphdecode

@@ -89,15 +89,18 @@ class PagedAttention {
 
  private:
   attn::PlanView plan_view() const;
+  // after_plan: launched right behind plan() as its programmatic dependent (PDL).
+  void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
+                        void* out, float* lse, bool after_plan, cudaStream_t stream) const;
   AttentionConfig config_;
-  std::int32_t split_tokens_ = 0;           // effective deterministic chunk size
-  std::int32_t target_ctas_ = 0;            // adaptive split-KV aims at about this many CTAs
-  std::int64_t max_chunks_ = 0;             // chunks per request at most
-  std::int64_t max_work_ = 0;               // work-list capacity = attention grid size
-  std::int64_t max_partials_ = 0;           // partial (token, head, chunk) capacity
-  DeviceBuffer<std::int32_t> plan_;         // [7 * max_batch + 2] per-request plan (attn::PlanView)
-  DeviceBuffer<float> partial_o_;           // [max_partials][head_dim]
-  DeviceBuffer<float> partial_lse_;         // [max_partials]
+  std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
+  std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs
+  std::int64_t max_chunks_ = 0;      // chunks per request at most
+  std::int64_t max_work_ = 0;        // work-list capacity = attention grid size
+  std::int64_t max_partials_ = 0;    // partial (token, head, chunk) capacity
+  DeviceBuffer<std::int32_t> plan_;  // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
+  DeviceBuffer<float> partial_o_;    // [max_partials][head_dim]
+  DeviceBuffer<float> partial_lse_;  // [max_partials]
   DeviceBuffer<std::int32_t> merge_count_;  // [max_work] split-KV arrival counters, 0 at rest
 };
 

@@ -238,6 +238,7 @@ int run_main(int argc, char** argv) {
   std::string json;
   int reps = 100;
   bool quick = false, small = false;
+  int only_b = 0, only_l = 0, only_n = 1;  // --shape: one shape (adaptive split), for profiling
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -248,11 +249,19 @@ int run_main(int argc, char** argv) {
       quick = true;
     } else if (a == "--small-batch") {  // B 1 and 8 only, adaptive split only: for tuning
       small = true;
+    } else if (a == "--shape" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d,%d,%d", &only_b, &only_l, &only_n) < 2 || only_b < 1 ||
+          only_l < 1 || only_n < 1) {
+        std::fprintf(stderr, "--shape wants B,L or B,L,N (positive)\n");
+        return 2;
+      }
     } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
       g_flush = false;
     } else {
       std::fprintf(
-          stderr, "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--no-flush]\n",
+          stderr,
+          "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
+          "[--no-flush]\n",
           argv[0]);
       return 2;
     }
@@ -276,7 +285,11 @@ int run_main(int argc, char** argv) {
   std::vector<std::int32_t> batches{1, 8, 64, 256};
   std::vector<std::int32_t> lens{512, 2048, 8192, 32768};
   if (quick) batches = {1, 64}, lens = {2048, 8192};
-  if (small) batches = {1, 8};
+  if (small) batches = {1, 8}, lens = {512, 1024, 2048, 4096, 8192, 32768};
+  if (only_b > 0) {
+    rs.push_back(bench_shape(only_b, only_l, only_n, false, reps, copy_gbps, flush, sink, rng, s));
+    batches.clear();
+  }
   for (bool det : {false, true}) {
     if (small && det) continue;
     for (std::int32_t b : batches)
@@ -285,7 +298,8 @@ int run_main(int argc, char** argv) {
   }
   for (bool det : {false, true})
     for (std::int32_t n : {4, 8})
-      if (!small) rs.push_back(bench_shape(64, 8192, n, det, reps, copy_gbps, flush, sink, rng, s));
+      if (!small && only_b == 0)
+        rs.push_back(bench_shape(64, 8192, n, det, reps, copy_gbps, flush, sink, rng, s));
 
   print_table(rs);
   if (!json.empty()) write_json(json, dev, copy_gbps, reps, rs);
