@@ -53,26 +53,38 @@ Device device_info() {
   return Device{p.name, p.l2CacheSize, p.multiProcessorCount};
 }
 
-// Median device time of `reps` replays of `graph`, each after an L2 flush (5 warm-up replays).
+// Median device time of `reps` replays of each graph, each replay after an L2 flush (5 warm-up
+// replays each). The graphs' replays alternate, so clock or power drift after a heavy shape
+// shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
+// between two graphs whose kernels ncu times equal).
 bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
 
-double replay_median_us(const CudaGraph& graph, int reps, const DeviceBuffer<int4>& flush,
-                        DeviceBuffer<int>& sink, cudaStream_t s) {
-  for (int i = 0; i < 5; ++i) graph.launch(s);
-  std::vector<Event> start(reps), stop(reps);
+std::vector<double> replay_medians_us(const std::vector<const CudaGraph*>& graphs, int reps,
+                                      const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
+                                      cudaStream_t s) {
+  for (int i = 0; i < 5; ++i)
+    for (const CudaGraph* g : graphs) g->launch(s);
+  const std::size_t n = graphs.size();
+  std::vector<Event> start(reps * n), stop(reps * n);
   for (int i = 0; i < reps; ++i) {
-    if (g_flush) {
-      l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-      GD_CHECK_LAUNCH();
+    for (std::size_t j = 0; j < n; ++j) {
+      if (g_flush) {
+        l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+        GD_CHECK_LAUNCH();
+      }
+      start[i * n + j].record(s);
+      graphs[j]->launch(s);
+      stop[i * n + j].record(s);
     }
-    start[i].record(s);
-    graph.launch(s);
-    stop[i].record(s);
   }
   GD_CUDA(cudaStreamSynchronize(s));
-  std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i].elapsed_ms_since(start[i]);
-  return median(us);
+  std::vector<double> medians;
+  for (std::size_t j = 0; j < n; ++j) {
+    std::vector<double> us(reps);
+    for (int i = 0; i < reps; ++i) us[i] = 1e3 * stop[i * n + j].elapsed_ms_since(start[i * n + j]);
+    medians.push_back(median(us));
+  }
+  return medians;
 }
 
 struct Result {
@@ -160,14 +172,19 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   kv.head_dim = kD;
   kv.num_pages = static_cast<std::int32_t>(num_pages);
 
-  auto time_graph = [&](auto&& body) {
-    for (int i = 0; i < 3; ++i) body();
-    return replay_median_us(CudaGraph::capture(s, body), reps, flush, sink, s);
-  };
   // A step: plan + attention. A layer of a model: attention only (the plan is made once a step).
-  r.us = time_graph([&] { attn.run(batch, kv, q.data(), out.data(), nullptr, s); });
+  const auto warm_capture = [&](auto&& body) {
+    for (int i = 0; i < 3; ++i) body();
+    return CudaGraph::capture(s, body);
+  };
+  const CudaGraph step =
+      warm_capture([&] { attn.run(batch, kv, q.data(), out.data(), nullptr, s); });
   attn.plan(batch, s);
-  r.layer_us = time_graph([&] { attn.run_planned(batch, kv, q.data(), out.data(), nullptr, s); });
+  const CudaGraph layer =
+      warm_capture([&] { attn.run_planned(batch, kv, q.data(), out.data(), nullptr, s); });
+  const std::vector<double> us = replay_medians_us({&step, &layer}, reps, flush, sink, s);
+  r.us = us[0];
+  r.layer_us = us[1];
   r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
@@ -226,12 +243,11 @@ __global__ void empty_kernel() {}
 // The launch floor: a graph of one empty kernel, timed like every shape.
 double empty_graph_us(int reps, const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
                       cudaStream_t s) {
-  return replay_median_us(CudaGraph::capture(s,
-                                             [&] {
-                                               empty_kernel<<<1, 32, 0, s>>>();
-                                               GD_CHECK_LAUNCH();
-                                             }),
-                          reps, flush, sink, s);
+  const CudaGraph g = CudaGraph::capture(s, [&] {
+    empty_kernel<<<1, 32, 0, s>>>();
+    GD_CHECK_LAUNCH();
+  });
+  return replay_medians_us({&g}, reps, flush, sink, s)[0];
 }
 
 int run_main(int argc, char** argv) {
