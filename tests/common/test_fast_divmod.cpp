@@ -14,8 +14,8 @@ namespace {
 void check_divisor(std::uint32_t d, std::mt19937_64& rng) {
   const FastDivmod f = FastDivmod::make(d);
   const std::int32_t max = 0x7fffffff;
-  std::vector<std::int32_t> xs{0, 1, max, max - 1, static_cast<std::int32_t>(d),
-                               static_cast<std::int32_t>(d) - 1};
+  std::vector<std::int32_t> xs{
+      0, 1, max, max - 1, static_cast<std::int32_t>(d), static_cast<std::int32_t>(d) - 1};
   const std::int64_t top = max / static_cast<std::int64_t>(d);
   for (std::int64_t q : {std::int64_t{1}, std::int64_t{2}, std::int64_t{1000}, top - 1, top})
     for (std::int64_t e : {-1, 0, 1}) {
