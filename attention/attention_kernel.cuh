@@ -127,9 +127,8 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
     bool valid = key >= w.kb && key < w.ke;
     std::int64_t off = 0;
     if (valid) {
-      const int page_idx = p.page_div.div(key);
-      const int page =
-          p.kv.page_table[static_cast<std::int64_t>(slot) * p.kv.max_pages_per_slot + page_idx];
+      const int page_idx = p.page_div.div(key);  // page_of_token without the division
+      const int page = page_at(p.kv, slot, page_idx);
       valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
       off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
     }

@@ -34,9 +34,14 @@ GD_HD std::int64_t kv_element_offset(const PagedKvView& v, std::int32_t page, st
          v.head_dim;
 }
 
+// Entry `page_index` of the page-table row of `slot` (may be kInvalidPage).
+GD_HD std::int32_t page_at(const PagedKvView& v, std::int32_t slot, std::int32_t page_index) {
+  return v.page_table[static_cast<std::int64_t>(slot) * v.max_pages_per_slot + page_index];
+}
+
 // Page holding absolute token position `pos` of the request in `slot` (may be kInvalidPage).
 GD_HD std::int32_t page_of_token(const PagedKvView& v, std::int32_t slot, std::int32_t pos) {
-  return v.page_table[static_cast<std::int64_t>(slot) * v.max_pages_per_slot + pos / v.page_size];
+  return page_at(v, slot, pos / v.page_size);
 }
 
 }  // namespace graphdecode
