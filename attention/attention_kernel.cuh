@@ -21,6 +21,7 @@
 
 #include "attention/attention_params.cuh"
 #include "attention/mma_utils.cuh"
+#include "attention/work_item.cuh"
 #include "common/request_rules.h"
 
 namespace graphdecode::attn {
@@ -35,73 +36,6 @@ struct TileConfig {
   // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
   static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
 };
-
-// What one CTA works on, decoded from its work-item index.
-struct WorkItem {
-  int request, kv_head, chunk;
-  int tok0, tokens;  // query tokens [tok0, tok0 + tokens) of the request
-  int rows;          // tokens * group
-  int q_begin;       // first query row of the request in q / out
-  int q_len;
-  int kv_len;
-  int kb, ke;  // keys [kb, ke) this item may read
-  int pos0;    // position of token tok0 (causal); unused in cross mode
-  int window;
-  bool split;  // write partials instead of out
-  int chunks;  // chunks of the request (all tiles and heads share the count)
-  int item;    // this CTA's work item; item - chunk is the first chunk of its (head, tile)
-  int part_off;
-  int slot;  // the request's page-table row
-};
-
-// Decodes work item `item` from the plan: its request comes from one load of item_request (issued
-// together with the total), then every per-request field in one more round of independent loads.
-__device__ __forceinline__ bool decode_work_item(const KernelParams& p, int item, WorkItem& w) {
-  const int total = *p.plan.total_items;
-  const int r = p.plan.item_request[item];  // stale beyond `total`; then unused
-  if (item >= total || r < 0 || r >= p.max_batch) return false;  // uniform over the CTA
-  const int tiles = p.plan.num_tiles[r];
-  const int chunks = p.plan.num_chunks[r];
-  if (tiles == 0 || chunks == 0) return false;
-  const int local = item - p.plan.item_start[r];
-  if (local >= tiles * chunks * p.kv.num_kv_heads) return false;
-  w.request = r;
-  w.chunk = local % chunks;
-  const int tile = (local / chunks) % tiles;
-  w.kv_head = local / (chunks * tiles);
-  w.q_begin = p.batch.q_start[r];
-  w.q_len = p.batch.q_start[r + 1] - w.q_begin;
-  w.kv_len = p.batch.kv_len[r];
-  const bool decode_layout = w.q_len * p.group <= kDecodeRows;
-  const int tpt = decode_layout ? w.q_len : p.tokens_per_tile;
-  w.tok0 = tile * tpt;
-  w.tokens = min(tpt, w.q_len - w.tok0);
-  w.rows = w.tokens * p.group;
-  w.window = read_window(p.batch, p.causal);
-  w.split = chunks > 1;
-  w.chunks = chunks;
-  w.item = item;
-  w.part_off = p.plan.part_off[r];
-  w.slot = p.batch.slot[r];
-
-  // Keys of this chunk, then narrowed to what this tile's queries can see.
-  const int first = p.plan.first_key[r];
-  const int end = p.plan.key_end[r];
-  const int size = p.plan.chunk_size[r];
-  w.kb = 0;
-  w.ke = 0;
-  w.pos0 = p.causal ? w.kv_len - w.q_len + w.tok0 : 0;
-  if (end > first) {
-    const int c = first / size + w.chunk;
-    w.kb = max(first, c * size);
-    w.ke = min(end, (c + 1) * size);
-    if (p.causal) {
-      w.kb = max(w.kb, first_visible_key(w.pos0, w.window));
-      w.ke = min(w.ke, w.pos0 + w.tokens);  // the tile's last query sees up to its own position
-    }
-  }
-  return true;
-}
 
 // Tile row -> (token of the request, query head): rows are (token, head-in-group) pairs.
 __device__ __forceinline__ void row_token_head(const KernelParams& p, const WorkItem& w, int row,
@@ -464,7 +398,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Launched as a programmatic dependent of the planner (PDL): wait for the earlier kernels'
   // writes before the first global read. (A no-op when launched without PDL.)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (!decode_work_item(p, blockIdx.x, w)) return;
+  if (!(p.self_plan ? self_planned_work_item(p, blockIdx.x, w)
+                    : planned_work_item(p, blockIdx.x, w)))
+    return;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;

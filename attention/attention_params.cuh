@@ -79,6 +79,10 @@ struct KernelParams {
   FastDivmod group_div;  // by group
   float scale_log2;      // sm_scale * log2(e)
   bool causal;
+  // Standalone run() with max_batch <= kThreads: no planner launch; every CTA plans the batch
+  // itself from `planning` (the plan buffers are neither read nor written).
+  bool self_plan;
+  PlanParams planning;
 };
 
 // Window of a call: < 0 means full attention (also for cross mode and a null pointer).

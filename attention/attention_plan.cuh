@@ -1,5 +1,7 @@
 // Device-side planner: turns the step's device-resident lengths into a per-request work plan.
-// One block, launched inside the captured graph before the attention kernel.
+// plan_kernel: one block, launched inside the captured graph before the attention kernel. The same
+// passes (request_shape, plan_round) also run inside every CTA of a self-planning launch
+// (work_item.cuh), so both give the same plan.
 //
 // Work of request r = num_kv_heads x num_tiles x num_chunks CTAs:
 //   tiles : its query tokens, packed with the GQA group as rows (token x head-in-group); a request
@@ -19,6 +21,7 @@
 namespace graphdecode::attn {
 
 struct RequestShape {
+  int q_begin = 0;  // first query row of the request
   int q_len = 0;
   int kv_len = 0;
   int first_key = 0;  // inclusive
@@ -31,6 +34,7 @@ __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r
   const int q0 = p.batch.q_start[r];
   const int q1 = p.batch.q_start[r + 1];
   if (q0 < 0 || q1 < q0 || q1 > p.max_q_tokens) return s;  // out of capacity: no tiles
+  s.q_begin = q0;
   s.q_len = q1 - q0;
   s.kv_len = p.batch.kv_len[r];
   const bool lengths_ok =
@@ -57,12 +61,13 @@ __device__ __forceinline__ int chunks_of(const RequestShape& s, int chunk_size) 
   return s.last_key / chunk_size - s.first_key / chunk_size + 1;
 }
 
-// Exclusive prefix sum over the block (kPlanThreads threads, warp shuffles + one shared array of
-// warp totals); `total` gets the block's sum. Small code on purpose: the planner runs once per
-// step, cold, on the critical path of every attention launch.
+// Exclusive prefix sum over a block of kBlock threads (warp shuffles + one shared array of warp
+// totals); `total` gets the block's sum. Small code on purpose: planning runs cold, on the critical
+// path of every attention launch.
+template <int kBlock>
 __device__ __forceinline__ long long block_exclusive_sum(long long v, long long& total,
-                                                         long long* s_warp /*[kPlanWarps + 1]*/) {
-  constexpr int kPlanWarps = kPlanThreads / 32;
+                                                         long long* s_warp /*[kBlock/32 + 1]*/) {
+  constexpr int kWarps = kBlock / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   long long x = v;
 #pragma unroll
@@ -74,18 +79,73 @@ __device__ __forceinline__ long long block_exclusive_sum(long long v, long long&
   __syncthreads();
   if (threadIdx.x == 0) {
     long long acc = 0;
-    for (int i = 0; i < kPlanWarps; ++i) {
+    for (int i = 0; i < kWarps; ++i) {
       const long long t = s_warp[i];
       s_warp[i] = acc;
       acc += t;
     }
-    s_warp[kPlanWarps] = acc;
+    s_warp[kWarps] = acc;
   }
   __syncthreads();
   const long long before = s_warp[warp] + x - v;
-  total = s_warp[kPlanWarps];
+  total = s_warp[kWarps];
   __syncthreads();  // s_warp is reused by the next call
   return before;
+}
+
+// Adaptive mode: chunks per request so that the batch's `total_base` unsplit CTAs become about
+// target_ctas. Floor, not ceil: anchored chunking may add one chunk, and one wave of CTAs beats a
+// wave and a bit.
+__device__ __forceinline__ int adaptive_chunk_count(const PlanParams& p, long long total_base) {
+  if (p.deterministic || total_base <= 0 || total_base >= p.target_ctas) return 1;
+  return min(kMaxAdaptiveChunks, max(1, static_cast<int>(p.target_ctas / total_base)));
+}
+
+// Keys per chunk of one request (kNoSplit = one chunk).
+__device__ __forceinline__ int chunk_size_for(const PlanParams& p, const RequestShape& s,
+                                              int adaptive_chunks) {
+  if (p.deterministic) return p.split_tokens;
+  if (adaptive_chunks <= 1 || s.last_key < s.first_key) return kNoSplit;
+  const int span = s.last_key - s.first_key + 1;
+  const int per = (span + adaptive_chunks - 1) / adaptive_chunks;
+  const int chunk = max(kMinSplitTokens, round_up_tile(per));
+  // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
+  return max(chunk,
+             min(kFineChunkTokens, round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks)));
+}
+
+// One request's share of the plan, from a block-wide pass over up to kBlock requests (thread i =
+// request base + i). Offsets are absolute (the carries of earlier rounds included).
+struct RequestPlan {
+  int chunk = kNoSplit;  // keys per chunk
+  int chunks = 0;        // 0: the request gets no work (no tiles, or past the work capacity)
+  int tiles = 0;
+  long long part_off = 0;  // first partial entry
+  long long item_off = 0;  // first work item
+};
+
+template <int kBlock>
+__device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live,
+                                                  const RequestShape& s, int adaptive_chunks,
+                                                  long long parts_carry, long long items_carry,
+                                                  long long& parts_total, long long& items_total,
+                                                  long long* s_warp) {
+  RequestPlan rp;
+  rp.chunk = live ? chunk_size_for(p, s, adaptive_chunks) : kNoSplit;
+  int chunks = live ? chunks_of(s, rp.chunk) : 0;
+  const long long parts = chunks > 1 ? 1LL * chunks * s.q_len * p.num_q_heads : 0;
+  rp.part_off = parts_carry + block_exclusive_sum<kBlock>(parts, parts_total, s_warp);
+  if (chunks > 1 && rp.part_off + parts > p.max_partials) {
+    // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
+    rp.chunk = kNoSplit;
+    chunks = chunks_of(s, rp.chunk);
+  }
+  const long long items = 1LL * chunks * s.tiles * p.num_kv_heads;
+  rp.item_off = items_carry + block_exclusive_sum<kBlock>(items, items_total, s_warp);
+  const bool fits = rp.item_off + items <= p.max_work;
+  rp.chunks = fits ? chunks : 0;
+  rp.tiles = fits ? s.tiles : 0;
+  return rp;
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ PlanParams p) {
@@ -108,63 +168,34 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
       const int r = base + threadIdx.x;
       const long long work = r < n ? 1LL * shape_of(r).tiles * p.num_kv_heads : 0;
       long long sum = 0;
-      block_exclusive_sum(work, sum, s_warp);
+      block_exclusive_sum<kPlanThreads>(work, sum, s_warp);
       total_base += sum;
     }
   }
-  int adaptive_chunks = 1;
-  if (!p.deterministic && total_base > 0 && total_base < p.target_ctas) {
-    // Floor: anchored chunking may add one chunk, and one wave of CTAs beats a wave and a bit.
-    adaptive_chunks = min(kMaxAdaptiveChunks, max(1, static_cast<int>(p.target_ctas / total_base)));
-  }
+  const int adaptive_chunks = adaptive_chunk_count(p, total_base);
 
   // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.
   long long items_carry = 0, parts_carry = 0;
   for (int base = 0; base < n; base += kPlanThreads) {
     const int r = base + threadIdx.x;
-    RequestShape s;
-    int chunk = kNoSplit;
+    const RequestShape s = r < n ? shape_of(r) : RequestShape{};
+    long long parts_total = 0, items_total = 0;
+    const RequestPlan rp = plan_round<kPlanThreads>(p, r < n, s, adaptive_chunks, parts_carry,
+                                                    items_carry, parts_total, items_total, s_warp);
     if (r < n) {
-      s = shape_of(r);
-      if (p.deterministic) {
-        chunk = p.split_tokens;
-      } else if (adaptive_chunks > 1 && s.last_key >= s.first_key) {
-        const int span = s.last_key - s.first_key + 1;
-        const int per = (span + adaptive_chunks - 1) / adaptive_chunks;
-        chunk = max(kMinSplitTokens, round_up_tile(per));
-        // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
-        chunk = max(chunk, min(kFineChunkTokens,
-                               round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks)));
-      }
-    }
-    int chunks = r < n ? chunks_of(s, chunk) : 0;
-    long long parts = chunks > 1 ? 1LL * chunks * s.q_len * p.num_q_heads : 0;
-    long long parts_total = 0;
-    const long long part_off = block_exclusive_sum(parts, parts_total, s_warp);
-    if (chunks > 1 && parts_carry + part_off + parts > p.max_partials) {
-      // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
-      chunk = kNoSplit;
-      chunks = chunks_of(s, chunk);
-    }
-    const long long items = 1LL * chunks * s.tiles * p.num_kv_heads;
-    long long items_total = 0;
-    const long long item_off = block_exclusive_sum(items, items_total, s_warp);
-    if (r < n) {
-      const long long start = items_carry + item_off;
-      const bool fits = start + items <= p.max_work;
-      p.plan.item_start[r] = static_cast<int>(min(start, static_cast<long long>(p.max_work)));
-      p.plan.num_tiles[r] = fits ? s.tiles : 0;
-      p.plan.num_chunks[r] = fits ? chunks : 0;
-      p.plan.chunk_size[r] = chunk;
+      p.plan.item_start[r] = static_cast<int>(min(rp.item_off, static_cast<long long>(p.max_work)));
+      p.plan.num_tiles[r] = rp.tiles;
+      p.plan.num_chunks[r] = rp.chunks;
+      p.plan.chunk_size[r] = rp.chunk;
       p.plan.first_key[r] = s.first_key;
       p.plan.key_end[r] = s.last_key + 1;
-      p.plan.part_off[r] = static_cast<int>(parts_carry + part_off);
+      p.plan.part_off[r] = static_cast<int>(rp.part_off);
     }
     // item -> request for this round's items, written by the whole block (a request may own
     // thousands of items): each item finds its request by binary search over the round's starts.
     const int round_n = min(kPlanThreads, n - base);
     if (static_cast<int>(threadIdx.x) < round_n)
-      s_first_item[threadIdx.x] = static_cast<int>(item_off);
+      s_first_item[threadIdx.x] = static_cast<int>(rp.item_off - items_carry);
     if (threadIdx.x == 0) s_first_item[round_n] = static_cast<int>(items_total);
     __syncthreads();
     const long long round_end = min(items_carry + items_total, static_cast<long long>(p.max_work));

@@ -1,5 +1,6 @@
 // PagedAttention: validation, capacity-sized buffers, and the launches of run():
-// planner (1 block) -> attention kernel (grid = work capacity; split-KV merge fused in).
+// planner (1 block) -> attention kernel (grid = work capacity; split-KV merge fused in), or, for
+// max_batch <= 128, the attention kernel alone, each CTA planning the batch itself.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -148,7 +149,7 @@ attn::PlanView PagedAttention::plan_view() const {
                         .item_request = b + (7 * n + 2)};  // [max_work]
 }
 
-void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
+attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
@@ -170,17 +171,21 @@ void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) cons
   pp.target_ctas = target_ctas_;
   pp.max_partials = max_partials_;
   pp.max_work = static_cast<std::int32_t>(max_work_);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pp);
+  return pp;
+}
+
+void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
+  attn::plan_kernel<<<1, attn::kPlanThreads, 0, stream>>>(plan_params(batch));
   GD_CHECK_LAUNCH();
 }
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                                  void* out, float* lse, cudaStream_t stream) const {
-  launch_attention(batch, kv, q, out, lse, /*after_plan=*/false, stream);
+  launch_attention(batch, kv, q, out, lse, Planning::kPlanned, stream);
 }
 
 void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
-                                      const void* q, void* out, float* lse, bool after_plan,
+                                      const void* q, void* out, float* lse, Planning planning,
                                       cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
@@ -218,6 +223,9 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.causal = c.mode == AttentionMode::kCausal;
+  kp.self_plan = planning == Planning::kSelf;
+  if (kp.self_plan) kp.planning = plan_params(batch);
+  const bool after_plan = planning == Planning::kAfterPlan;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
     launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), after_plan, stream);
   });
@@ -225,8 +233,15 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
 
 void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                          void* out, float* lse, cudaStream_t stream) const {
+#ifndef GD_ATTN_SELF_PLAN
+#define GD_ATTN_SELF_PLAN 1
+#endif
+  if (GD_ATTN_SELF_PLAN && config_.max_batch <= attn::kThreads) {  // a CTA plans it by itself
+    launch_attention(batch, kv, q, out, lse, Planning::kSelf, stream);
+    return;
+  }
   plan(batch, stream);
-  launch_attention(batch, kv, q, out, lse, /*after_plan=*/true, stream);
+  launch_attention(batch, kv, q, out, lse, Planning::kAfterPlan, stream);
 }
 
 }  // namespace graphdecode

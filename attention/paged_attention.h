@@ -5,10 +5,11 @@
 //   * Construction validates the configuration (head dim, dtype, group size, capacities) and
 //     allocates every buffer it will ever use (work list, partial outputs) sized for capacity.
 //   * run() reads lengths, extents, windows and page tables from DEVICE memory only. A tiny
-//     device-side planner turns them into a work list; the attention kernel's grid is sized from
-//     capacity and blocks past the work list exit at once; a merge kernel combines split-KV
-//     partials in a fixed order. No host sync, no allocation: run() can be captured in a graph and
-//     replayed with any batch that fits the capacity.
+//     device-side planner turns them into a work list (for max_batch <= 128 every CTA of the
+//     attention kernel plans the batch itself instead: one launch per call); the attention
+//     kernel's grid is sized from capacity and blocks past the work list exit at once; the last
+//     CTA of a split request merges its partials in a fixed order. No host sync, no allocation:
+//     run() can be captured in a graph and replayed with any batch that fits the capacity.
 //
 // Semantics (DESIGN.md, common/request_rules.h):
 //   causal: request r has q_len = q_start[r+1] - q_start[r] new tokens and kv_len[r] = prefix +
@@ -32,7 +33,8 @@ namespace graphdecode {
 
 namespace attn {
 struct PlanView;
-}
+struct PlanParams;
+}  // namespace attn
 
 enum class AttentionMode : std::uint8_t { kCausal = 0, kCross = 1 };
 
@@ -89,9 +91,12 @@ class PagedAttention {
 
  private:
   attn::PlanView plan_view() const;
-  // after_plan: launched right behind plan() as its programmatic dependent (PDL).
+  attn::PlanParams plan_params(const AttentionBatch& batch) const;
+  // kPlanned: the plan is in place (run_planned). kAfterPlan: launched right behind plan() as its
+  // programmatic dependent (PDL). kSelf: no plan kernel; every CTA plans the batch itself.
+  enum class Planning : std::uint8_t { kPlanned, kAfterPlan, kSelf };
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                        void* out, float* lse, bool after_plan, cudaStream_t stream) const;
+                        void* out, float* lse, Planning planning, cudaStream_t stream) const;
   AttentionConfig config_;
   std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
   std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs

@@ -1,0 +1,142 @@
+// What one CTA of the attention kernel works on: a work item (request, KV head, query tile, KV
+// chunk), found either in the planner's plan or by planning the batch inside the CTA.
+#pragma once
+
+#include "attention/attention_params.cuh"
+#include "attention/attention_plan.cuh"
+#include "common/request_rules.h"
+
+namespace graphdecode::attn {
+
+struct WorkItem {
+  int request, kv_head, chunk;
+  int tok0, tokens;  // query tokens [tok0, tok0 + tokens) of the request
+  int rows;          // tokens * group
+  int q_begin;       // first query row of the request in q / out
+  int q_len;
+  int kv_len;
+  int kb, ke;  // keys [kb, ke) this item may read
+  int pos0;    // position of token tok0 (causal); unused in cross mode
+  int window;
+  bool split;  // write partials instead of out
+  int chunks;  // chunks of the request (all tiles and heads share the count)
+  int item;    // this CTA's work item; item - chunk is the first chunk of its (head, tile)
+  int part_off;
+  int slot;  // the request's page-table row
+};
+
+// The plan of the request that owns an item, with the request's own fields.
+struct ItemSource {
+  int request, item_start, tiles, chunks, chunk_size, first_key, key_end, part_off;
+  int q_begin, q_len, kv_len, slot;
+};
+
+// Fills `w` for work item `item` of `src`'s request; false if the item has no work.
+__device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
+                                               const ItemSource& src, WorkItem& w) {
+  if (src.tiles == 0 || src.chunks == 0) return false;
+  const int chunks = src.chunks, tiles = src.tiles;
+  const int local = item - src.item_start;
+  if (local < 0 || local >= tiles * chunks * p.kv.num_kv_heads) return false;
+  w.request = src.request;
+  w.chunk = local % chunks;
+  const int tile = (local / chunks) % tiles;
+  w.kv_head = local / (chunks * tiles);
+  w.q_begin = src.q_begin;
+  w.q_len = src.q_len;
+  w.kv_len = src.kv_len;
+  const bool decode_layout = w.q_len * p.group <= kDecodeRows;
+  const int tpt = decode_layout ? w.q_len : p.tokens_per_tile;
+  w.tok0 = tile * tpt;
+  w.tokens = min(tpt, w.q_len - w.tok0);
+  w.rows = w.tokens * p.group;
+  w.window = read_window(p.batch, p.causal);
+  w.split = chunks > 1;
+  w.chunks = chunks;
+  w.item = item;
+  w.part_off = src.part_off;
+  w.slot = src.slot;
+
+  // Keys of this chunk, then narrowed to what this tile's queries can see.
+  const int first = src.first_key, end = src.key_end, size = src.chunk_size;
+  w.kb = 0;
+  w.ke = 0;
+  w.pos0 = p.causal ? w.kv_len - w.q_len + w.tok0 : 0;
+  if (end > first) {
+    const int c = first / size + w.chunk;
+    w.kb = max(first, c * size);
+    w.ke = min(end, (c + 1) * size);
+    if (p.causal) {
+      w.kb = max(w.kb, first_visible_key(w.pos0, w.window));
+      w.ke = min(w.ke, w.pos0 + w.tokens);  // the tile's last query sees up to its own position
+    }
+  }
+  return true;
+}
+
+// From the planner's plan: the item's request comes from one load of item_request (issued with the
+// total), then every per-request field in one more round of independent loads.
+__device__ __forceinline__ bool planned_work_item(const KernelParams& p, int item, WorkItem& w) {
+  const int total = *p.plan.total_items;
+  const int r = p.plan.item_request[item];  // stale beyond `total`; then unused
+  if (item >= total || r < 0 || r >= p.max_batch) return false;  // uniform over the CTA
+  ItemSource src;
+  src.request = r;
+  src.item_start = p.plan.item_start[r];
+  src.tiles = p.plan.num_tiles[r];
+  src.chunks = p.plan.num_chunks[r];
+  src.chunk_size = p.plan.chunk_size[r];
+  src.first_key = p.plan.first_key[r];
+  src.key_end = p.plan.key_end[r];
+  src.part_off = p.plan.part_off[r];
+  src.q_begin = p.batch.q_start[r];
+  src.q_len = p.batch.q_start[r + 1] - src.q_begin;
+  src.kv_len = p.batch.kv_len[r];
+  src.slot = p.batch.slot[r];
+  return fill_work_item(p, item, src, w);
+}
+
+// Planned inside the CTA (p.self_plan; the batch has at most kThreads requests): thread i reads
+// request i, the block runs the planner's passes (same functions, so the same plan), and the
+// thread whose request owns `item` hands its fields over through shared memory. This removes the
+// planner launch and its grid-completion wait from a standalone call (~3 us at small batch).
+__device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item,
+                                                       WorkItem& w) {
+  __shared__ long long s_warp[kThreads / 32 + 1];
+  __shared__ ItemSource s_src;
+  __shared__ int s_found;
+  const PlanParams& pp = p.planning;
+  const int n = read_num_requests(pp.batch, pp.max_batch);  // max_batch <= kThreads
+  const int window = read_window(pp.batch, pp.causal);
+  const int r = threadIdx.x;
+  const bool live = r < n;
+  RequestShape s;
+  int slot = 0;
+  if (live) {
+    s = request_shape(pp, r, window);
+    slot = pp.batch.slot[r];
+  }
+  if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
+  long long total_base = 0;
+  if (!pp.deterministic)
+    block_exclusive_sum<kThreads>(live ? 1LL * s.tiles * pp.num_kv_heads : 0, total_base, s_warp);
+  const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
+  long long parts_total = 0, items_total = 0;
+  const RequestPlan rp = plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total,
+                                              items_total, s_warp);
+  const long long items = 1LL * rp.chunks * rp.tiles * pp.num_kv_heads;
+  if (live && item >= rp.item_off && item < rp.item_off + items) {
+    s_src = ItemSource{r,           static_cast<int>(rp.item_off),
+                       rp.tiles,    rp.chunks,
+                       rp.chunk,    s.first_key,
+                       s.last_key + 1, static_cast<int>(rp.part_off),
+                       s.q_begin,   s.q_len,
+                       s.kv_len,    slot};
+    s_found = 1;
+  }
+  __syncthreads();
+  if (!s_found) return false;  // uniform over the CTA
+  return fill_work_item(p, item, s_src, w);
+}
+
+}  // namespace graphdecode::attn

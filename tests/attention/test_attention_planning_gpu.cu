@@ -1,0 +1,107 @@
+// GPU: the two ways a launch gets its work plan give the same plan. For max_batch <= 128, run()
+// launches the attention kernel alone and every CTA plans the batch itself; plan() +
+// run_planned() (what a model does once per step) use the one-block planner kernel. On the same
+// batch both must give bitwise identical out and lse (same chunking, same merge order), and
+// match the float64 reference: decode, extend, sliding window, cross, adaptive and deterministic
+// split-KV, batches of 1 to 128 requests (the self-planning limit, at exactly that capacity).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attention_check.h"
+#include "common/stream.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode {
+namespace {
+
+using namespace graphdecode::testing;
+
+class AttentionPlanning : public GpuTest, public ::testing::WithParamInterface<bool> {};
+
+struct PlanCase {
+  Shape shape;
+  std::vector<Req> reqs;
+  std::int32_t window = -1;
+  std::int32_t max_batch = 0;  // 0: capacity_for's choice
+};
+
+void check_same_plan(const PlanCase& c, bool deterministic, Rng& rng) {
+  std::vector<Req> reqs = shrink_for_sanitizer(c.reqs, c.shape.mode, 128);
+  Capacity cap = capacity_for(c.shape, reqs, rng);
+  if (c.max_batch > 0) cap.max_batch = c.max_batch;
+  ASSERT_LE(cap.max_batch, 128) << "test bug: run() would not self-plan";
+  HostPagedBatch host(c.shape, cap);
+  host.fill(reqs, FillOptions{c.window, c.window >= 0}, rng);
+  Stream stream;
+  DevicePagedBatch dev(c.shape, cap);
+  dev.upload(host, stream);
+  const PagedAttention attn(host.config(deterministic, deterministic ? 128 : 0));
+
+  const Outputs self_planned = run_eager(attn, dev, host.total_q(), stream);
+  dev.poison_outputs(stream);
+  attn.plan(dev.batch(), stream);
+  attn.run_planned(dev.batch(), dev.view(), dev.q(), dev.out(), dev.lse(), stream);
+  Outputs planned;
+  planned.out = dev.download_out(host.total_q(), stream);
+  planned.lse = dev.download_lse(host.total_q(), stream);
+
+  CaseOptions o;
+  o.fill.window_left = c.window;
+  o.deterministic = deterministic;
+  const std::string what = describe(c.shape, reqs, o) + ", max_batch " +
+                           std::to_string(cap.max_batch);
+  EXPECT_TRUE(bitwise_equal(self_planned, 0, planned, 0, host.total_q(),
+                            c.shape.num_q_heads * c.shape.head_dim, c.shape.num_q_heads))
+      << "self-planned run() != plan() + run_planned(), " << what;
+  EXPECT_TRUE(
+      matches_reference(host.reference(), self_planned.out, &self_planned.lse, c.shape.dtype))
+      << "self-planned run() vs reference, " << what;
+}
+
+constexpr Shape kLlama{32, 8, 128, 16, DType::kBF16, AttentionMode::kCausal};
+
+TEST_P(AttentionPlanning, DecodeBatchSizes) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  check_same_plan({kLlama, {{1, 2048}}}, GetParam(), rng);  // one request: fine chunks
+  check_same_plan({kLlama, {{1, 1}}}, GetParam(), rng);     // one key
+  check_same_plan({kLlama, decode_reqs(rng, 7, 1, 9000)}, GetParam(), rng);
+  check_same_plan({kLlama, decode_reqs(rng, 128, 1, 3000), -1, 128}, GetParam(), rng);
+  check_same_plan({{28, 4, 64, 1, DType::kFP16, AttentionMode::kCausal},  // group 7, page 1
+                   decode_reqs(rng, 33, 1, 2000)},
+                  GetParam(), rng);
+}
+
+TEST_P(AttentionPlanning, ExtendAndSlidingWindow) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  check_same_plan({kLlama, extend_reqs(rng, 9, 1, 300, 0, 4000)}, GetParam(), rng);
+  check_same_plan({kLlama, extend_reqs(rng, 16, 1, 8, 0, 6000), 100}, GetParam(), rng);
+  auto mixed = extend_reqs(rng, 60, 1, 6, 0, 3000);
+  for (const Req& r : decode_reqs(rng, 68, 1, 3000)) mixed.push_back(r);
+  check_same_plan({kLlama, mixed, 700, 128}, GetParam(), rng);  // verify + decode, window
+  check_same_plan({{16, 2, 256, 64, DType::kBF16, AttentionMode::kCausal},
+                   extend_reqs(rng, 3, 20, 90, 0, 5000), 63},
+                  GetParam(), rng);
+}
+
+TEST_P(AttentionPlanning, CrossEncoderLengths) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  const Shape cross{32, 8, 128, 16, DType::kFP16, AttentionMode::kCross};
+  std::uniform_int_distribution<std::int32_t> enc(1, 5000), q(1, 4);
+  std::vector<Req> reqs;
+  for (int i = 0; i < 40; ++i) reqs.push_back(Req{q(rng), enc(rng)});
+  check_same_plan({cross, reqs}, GetParam(), rng);
+  check_same_plan({cross, {{1, 20000}}}, GetParam(), rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(Split, AttentionPlanning, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Deterministic" : "Default";
+                         });
+
+}  // namespace
+}  // namespace graphdecode
