@@ -20,6 +20,12 @@
 
 namespace graphdecode::attn {
 
+// Division of non-negative ints as unsigned: about half the code of a signed division, and the
+// planning code runs cold in every CTA of a self-planning launch (instruction fetch is its cost).
+__device__ __forceinline__ int udiv(int a, int b) {
+  return static_cast<int>(static_cast<unsigned>(a) / static_cast<unsigned>(b));
+}
+
 struct RequestShape {
   int q_begin = 0;  // first query row of the request
   int q_len = 0;
@@ -46,7 +52,7 @@ __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r
   if (s.q_len > 0) {
     s.tiles = s.q_len * p.group <= kDecodeRows
                   ? 1
-                  : (s.q_len + p.tokens_per_tile - 1) / p.tokens_per_tile;
+                  : udiv(s.q_len + p.tokens_per_tile - 1, p.tokens_per_tile);
   }
   return s;
 }
@@ -58,47 +64,60 @@ __device__ __forceinline__ int round_up_tile(int keys) {
 __device__ __forceinline__ int chunks_of(const RequestShape& s, int chunk_size) {
   if (s.tiles == 0) return 0;
   if (s.last_key < s.first_key) return 1;  // one item that writes zeros / -inf
-  return s.last_key / chunk_size - s.first_key / chunk_size + 1;
+  return udiv(s.last_key, chunk_size) - udiv(s.first_key, chunk_size) + 1;  // keys >= 0
 }
 
 // Exclusive prefix sum over a block of kBlock threads (warp shuffles + one shared array of warp
 // totals); `total` gets the block's sum. Small code on purpose: planning runs cold, on the critical
 // path of every attention launch.
 template <int kBlock>
-__device__ __forceinline__ long long block_exclusive_sum(long long v, long long& total,
-                                                         long long* s_warp /*[kBlock/32 + 1]*/) {
+__device__ __forceinline__ int block_exclusive_sum(int v, int& total,
+                                                   int* s_warp /*[kBlock/32 + 1]*/) {
   constexpr int kWarps = kBlock / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  long long x = v;
+  int x = v;
 #pragma unroll
   for (int o = 1; o < 32; o *= 2) {
-    const long long y = __shfl_up_sync(0xffffffffu, x, o);
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
   if (threadIdx.x == 0) {
-    long long acc = 0;
+    int acc = 0;
     for (int i = 0; i < kWarps; ++i) {
-      const long long t = s_warp[i];
+      const int t = s_warp[i];
       s_warp[i] = acc;
       acc += t;
     }
     s_warp[kWarps] = acc;
   }
   __syncthreads();
-  const long long before = s_warp[warp] + x - v;
+  const int before = s_warp[warp] + x - v;
   total = s_warp[kWarps];
   __syncthreads();  // s_warp is reused by the next call
   return before;
 }
 
+// Sum over a block of kBlock threads (values >= 0 whose total fits an int).
+template <int kBlock>
+__device__ __forceinline__ int block_sum(int v, int* s_warp /*[kBlock/32]*/) {
+  const int w = __reduce_add_sync(0xffffffffu, v);
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = w;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < kBlock / 32; ++i) total += s_warp[i];
+  __syncthreads();  // s_warp is reused by the next call
+  return total;
+}
+
 // Adaptive mode: chunks per request so that the batch's `total_base` unsplit CTAs become about
 // target_ctas. Floor, not ceil: anchored chunking may add one chunk, and one wave of CTAs beats a
 // wave and a bit.
-__device__ __forceinline__ int adaptive_chunk_count(const PlanParams& p, long long total_base) {
+__device__ __forceinline__ int adaptive_chunk_count(const PlanParams& p, int total_base) {
   if (p.deterministic || total_base <= 0 || total_base >= p.target_ctas) return 1;
-  return min(kMaxAdaptiveChunks, max(1, static_cast<int>(p.target_ctas / total_base)));
+  return min(kMaxAdaptiveChunks, max(1, udiv(p.target_ctas, total_base)));
 }
 
 // Keys per chunk of one request (kNoSplit = one chunk).
@@ -107,7 +126,7 @@ __device__ __forceinline__ int chunk_size_for(const PlanParams& p, const Request
   if (p.deterministic) return p.split_tokens;
   if (adaptive_chunks <= 1 || s.last_key < s.first_key) return kNoSplit;
   const int span = s.last_key - s.first_key + 1;
-  const int per = (span + adaptive_chunks - 1) / adaptive_chunks;
+  const int per = udiv(span + adaptive_chunks - 1, adaptive_chunks);
   const int chunk = max(kMinSplitTokens, round_up_tile(per));
   // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
   return max(chunk,
@@ -116,31 +135,34 @@ __device__ __forceinline__ int chunk_size_for(const PlanParams& p, const Request
 
 // One request's share of the plan, from a block-wide pass over up to kBlock requests (thread i =
 // request base + i). Offsets are absolute (the carries of earlier rounds included).
+// Counts are ints: request_shape keeps every request within the capacities, so item and partial
+// sums stay under max_work / max_partials (< 2^31, checked at construction) in deterministic mode,
+// and adaptive mode splits only batches of fewer than target_ctas unsplit items (< 65 x 64 x
+// target_ctas partial entries).
 struct RequestPlan {
   int chunk = kNoSplit;  // keys per chunk
   int chunks = 0;        // 0: the request gets no work (no tiles, or past the work capacity)
   int tiles = 0;
-  long long part_off = 0;  // first partial entry
-  long long item_off = 0;  // first work item
+  int part_off = 0;  // first partial entry
+  int item_off = 0;  // first work item
 };
 
 template <int kBlock>
 __device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live,
                                                   const RequestShape& s, int adaptive_chunks,
-                                                  long long parts_carry, long long items_carry,
-                                                  long long& parts_total, long long& items_total,
-                                                  long long* s_warp) {
+                                                  int parts_carry, int items_carry,
+                                                  int& parts_total, int& items_total, int* s_warp) {
   RequestPlan rp;
   rp.chunk = live ? chunk_size_for(p, s, adaptive_chunks) : kNoSplit;
   int chunks = live ? chunks_of(s, rp.chunk) : 0;
-  const long long parts = chunks > 1 ? 1LL * chunks * s.q_len * p.num_q_heads : 0;
+  const int parts = chunks > 1 ? chunks * s.q_len * p.num_q_heads : 0;
   rp.part_off = parts_carry + block_exclusive_sum<kBlock>(parts, parts_total, s_warp);
   if (chunks > 1 && rp.part_off + parts > p.max_partials) {
     // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
     rp.chunk = kNoSplit;
     chunks = chunks_of(s, rp.chunk);
   }
-  const long long items = 1LL * chunks * s.tiles * p.num_kv_heads;
+  const int items = chunks * s.tiles * p.num_kv_heads;
   rp.item_off = items_carry + block_exclusive_sum<kBlock>(items, items_total, s_warp);
   const bool fits = rp.item_off + items <= p.max_work;
   rp.chunks = fits ? chunks : 0;
@@ -149,7 +171,8 @@ __device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ PlanParams p) {
-  __shared__ long long s_warp[kPlanThreads / 32 + 1];
+  __shared__ int s_warp[kPlanThreads / 32 + 1];
+  __shared__ int s_sum[kPlanThreads / 32];
   __shared__ int s_first_item[kPlanThreads + 1];  // work items of this round's requests, by request
   // The attention kernel may be scheduled now (PDL); it waits for this grid's writes itself.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -162,34 +185,32 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   const auto shape_of = [&](int r) { return one_round ? mine : request_shape(p, r, window); };
 
   // Pass 1 (adaptive mode): how many CTAs the batch makes without splitting.
-  long long total_base = 0;
+  // (tiles <= tiles capacity and tiles capacity x heads < 2^31: the sum fits an int.)
+  int total_base = 0;
   if (!p.deterministic) {
     for (int base = 0; base < n; base += kPlanThreads) {
       const int r = base + threadIdx.x;
-      const long long work = r < n ? 1LL * shape_of(r).tiles * p.num_kv_heads : 0;
-      long long sum = 0;
-      block_exclusive_sum<kPlanThreads>(work, sum, s_warp);
-      total_base += sum;
+      total_base += block_sum<kPlanThreads>(r < n ? shape_of(r).tiles * p.num_kv_heads : 0, s_sum);
     }
   }
   const int adaptive_chunks = adaptive_chunk_count(p, total_base);
 
   // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.
-  long long items_carry = 0, parts_carry = 0;
+  int items_carry = 0, parts_carry = 0;
   for (int base = 0; base < n; base += kPlanThreads) {
     const int r = base + threadIdx.x;
     const RequestShape s = r < n ? shape_of(r) : RequestShape{};
-    long long parts_total = 0, items_total = 0;
+    int parts_total = 0, items_total = 0;
     const RequestPlan rp = plan_round<kPlanThreads>(p, r < n, s, adaptive_chunks, parts_carry,
                                                     items_carry, parts_total, items_total, s_warp);
     if (r < n) {
-      p.plan.item_start[r] = static_cast<int>(min(rp.item_off, static_cast<long long>(p.max_work)));
+      p.plan.item_start[r] = static_cast<int>(min(rp.item_off, p.max_work));
       p.plan.num_tiles[r] = rp.tiles;
       p.plan.num_chunks[r] = rp.chunks;
       p.plan.chunk_size[r] = rp.chunk;
       p.plan.first_key[r] = s.first_key;
       p.plan.key_end[r] = s.last_key + 1;
-      p.plan.part_off[r] = static_cast<int>(rp.part_off);
+      p.plan.part_off[r] = rp.part_off;
     }
     // item -> request for this round's items, written by the whole block (a request may own
     // thousands of items): each item finds its request by binary search over the round's starts.
@@ -198,8 +219,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
       s_first_item[threadIdx.x] = static_cast<int>(rp.item_off - items_carry);
     if (threadIdx.x == 0) s_first_item[round_n] = static_cast<int>(items_total);
     __syncthreads();
-    const long long round_end = min(items_carry + items_total, static_cast<long long>(p.max_work));
-    for (long long item = items_carry + threadIdx.x; item < round_end; item += kPlanThreads) {
+    const int round_end = min(items_carry + items_total, p.max_work);
+    for (int item = items_carry + threadIdx.x; item < round_end; item += kPlanThreads) {
       const int local = static_cast<int>(item - items_carry);
       int lo = 0, hi = round_n - 1;  // last request whose first item <= local
       while (lo < hi) {
@@ -216,7 +237,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     parts_carry += parts_total;
   }
   if (threadIdx.x == 0) {
-    const int total = static_cast<int>(min(items_carry, static_cast<long long>(p.max_work)));
+    const int total = static_cast<int>(min(items_carry, p.max_work));
     p.plan.item_start[n] = total;
     *p.plan.total_items = total;
   }

@@ -39,9 +39,10 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   const int local = item - src.item_start;
   if (local < 0 || local >= tiles * chunks * p.kv.num_kv_heads) return false;
   w.request = src.request;
-  w.chunk = local % chunks;
-  const int tile = (local / chunks) % tiles;
-  w.kv_head = local / (chunks * tiles);
+  const int head_tile = udiv(local, chunks);  // local >= 0
+  w.chunk = local - head_tile * chunks;
+  w.kv_head = udiv(head_tile, tiles);
+  const int tile = head_tile - w.kv_head * tiles;
   w.q_begin = src.q_begin;
   w.q_len = src.q_len;
   w.kv_len = src.kv_len;
@@ -63,7 +64,7 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   w.ke = 0;
   w.pos0 = p.causal ? w.kv_len - w.q_len + w.tok0 : 0;
   if (end > first) {
-    const int c = first / size + w.chunk;
+    const int c = udiv(first, size) + w.chunk;  // first >= 0
     w.kb = max(first, c * size);
     w.ke = min(end, (c + 1) * size);
     if (p.causal) {
@@ -102,7 +103,8 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
 // planner launch and its grid-completion wait from a standalone call (~3 us at small batch).
 __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item,
                                                        WorkItem& w) {
-  __shared__ long long s_warp[kThreads / 32 + 1];
+  __shared__ int s_warp[kThreads / 32 + 1];
+  __shared__ int s_sum[kThreads / 32];
   __shared__ ItemSource s_src;
   __shared__ int s_found;
   const PlanParams& pp = p.planning;
@@ -117,21 +119,17 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     slot = pp.batch.slot[r];
   }
   if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
-  long long total_base = 0;
-  if (!pp.deterministic)
-    block_exclusive_sum<kThreads>(live ? 1LL * s.tiles * pp.num_kv_heads : 0, total_base, s_warp);
+  const int total_base =
+      pp.deterministic ? 0 : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
   const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
-  long long parts_total = 0, items_total = 0;
-  const RequestPlan rp = plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total,
-                                              items_total, s_warp);
-  const long long items = 1LL * rp.chunks * rp.tiles * pp.num_kv_heads;
+  int parts_total = 0, items_total = 0;
+  const RequestPlan rp =
+      plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+  const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
   if (live && item >= rp.item_off && item < rp.item_off + items) {
-    s_src = ItemSource{r,           static_cast<int>(rp.item_off),
-                       rp.tiles,    rp.chunks,
-                       rp.chunk,    s.first_key,
-                       s.last_key + 1, static_cast<int>(rp.part_off),
-                       s.q_begin,   s.q_len,
-                       s.kv_len,    slot};
+    s_src = ItemSource{r,         rp.item_off, rp.tiles,       rp.chunks,
+                       rp.chunk,  s.first_key, s.last_key + 1, rp.part_off,
+                       s.q_begin, s.q_len,     s.kv_len,       slot};
     s_found = 1;
   }
   __syncthreads();
