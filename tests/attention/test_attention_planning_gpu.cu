@@ -50,8 +50,8 @@ void check_same_plan(const PlanCase& c, bool deterministic, Rng& rng) {
   CaseOptions o;
   o.fill.window_left = c.window;
   o.deterministic = deterministic;
-  const std::string what = describe(c.shape, reqs, o) + ", max_batch " +
-                           std::to_string(cap.max_batch);
+  const std::string what =
+      describe(c.shape, reqs, o) + ", max_batch " + std::to_string(cap.max_batch);
   EXPECT_TRUE(bitwise_equal(self_planned, 0, planned, 0, host.total_q(),
                             c.shape.num_q_heads * c.shape.head_dim, c.shape.num_q_heads))
       << "self-planned run() != plan() + run_planned(), " << what;
@@ -83,7 +83,8 @@ TEST_P(AttentionPlanning, ExtendAndSlidingWindow) {
   for (const Req& r : decode_reqs(rng, 68, 1, 3000)) mixed.push_back(r);
   check_same_plan({kLlama, mixed, 700, 128}, GetParam(), rng);  // verify + decode, window
   check_same_plan({{16, 2, 256, 64, DType::kBF16, AttentionMode::kCausal},
-                   extend_reqs(rng, 3, 20, 90, 0, 5000), 63},
+                   extend_reqs(rng, 3, 20, 90, 0, 5000),
+                   63},
                   GetParam(), rng);
 }
 
