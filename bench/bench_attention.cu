@@ -35,7 +35,7 @@
 namespace graphdecode::bench {
 namespace {
 
-constexpr std::int32_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
+constexpr std::int32_t kHq = 32, kHkv = 8, kD = 128;
 
 // ---- measurements -------------------------------------------------------------------------------
 
@@ -58,6 +58,10 @@ Device device_info() {
 // shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
 // between two graphs whose kernels ncu times equal).
 bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
+// Diagnosis of the paged-gather cost: --page N (default 16) and --ordered-pages (each request's
+// pages consecutive in the pool instead of shuffled).
+std::int32_t g_page = 16;
+bool g_shuffle_pages = true;
 
 std::vector<double> replay_medians_us(const std::vector<const CudaGraph*>& graphs, int reps,
                                       const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
@@ -107,9 +111,9 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   r.kv_len = l;
   r.q_per_req = n;
   r.deterministic = det;
-  const std::int32_t ppr = (l + kPage - 1) / kPage;
+  const std::int32_t ppr = (l + g_page - 1) / g_page;
   const std::int64_t num_pages = static_cast<std::int64_t>(b) * ppr + 1;
-  const std::size_t pool = static_cast<std::size_t>(num_pages) * kHkv * kPage * kD;
+  const std::size_t pool = static_cast<std::size_t>(num_pages) * kHkv * g_page * kD;
   const std::size_t q_elems = static_cast<std::size_t>(b) * n * kHq * kD;
   std::size_t free_b = 0, total_b = 0;
   GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
@@ -124,10 +128,10 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   fill_random(v, rng(), s);
   fill_random(q, rng(), s);
 
-  // Shuffled pages (never page 0), shuffled slots (never slot 0).
+  // Shuffled pages (never page 0; unless --ordered-pages), shuffled slots (never slot 0).
   std::vector<std::int32_t> pages(num_pages - 1), slots(b);
   std::iota(pages.begin(), pages.end(), 1);
-  std::shuffle(pages.begin(), pages.end(), rng);
+  if (g_shuffle_pages) std::shuffle(pages.begin(), pages.end(), rng);
   std::iota(slots.begin(), slots.end(), 1);
   std::shuffle(slots.begin(), slots.end(), rng);
   std::vector<std::int32_t> table(static_cast<std::size_t>(b + 1) * ppr, 0);
@@ -167,7 +171,7 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   kv.v = v.data();
   kv.page_table = d_table.data();
   kv.max_pages_per_slot = ppr;
-  kv.page_size = kPage;
+  kv.page_size = g_page;
   kv.num_kv_heads = kHkv;
   kv.head_dim = kD;
   kv.num_pages = static_cast<std::int32_t>(num_pages);
@@ -219,7 +223,7 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
     << "  \"l2_bytes\": " << dev.l2_bytes << ",\n  \"sms\": " << dev.sms << ",\n"
     << "  \"copy_gbps\": " << copy_gbps << ",\n  \"reps\": " << reps << ",\n"
     << "  \"shape\": {\"num_q_heads\": " << kHq << ", \"num_kv_heads\": " << kHkv
-    << ", \"head_dim\": " << kD << ", \"dtype\": \"bf16\", \"page_size\": " << kPage << "},\n"
+    << ", \"head_dim\": " << kD << ", \"dtype\": \"bf16\", \"page_size\": " << g_page << "},\n"
     << "  \"results\": [\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
@@ -273,11 +277,19 @@ int run_main(int argc, char** argv) {
       }
     } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
       g_flush = false;
+    } else if (a == "--page" && i + 1 < argc) {  // page size (diagnosis only)
+      g_page = std::atoi(argv[++i]);
+      if (g_page < 1) {
+        std::fprintf(stderr, "--page wants a positive page size\n");
+        return 2;
+      }
+    } else if (a == "--ordered-pages") {  // pages of a request consecutive (diagnosis only)
+      g_shuffle_pages = false;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--no-flush]\n",
+          "[--no-flush] [--page N] [--ordered-pages]\n",
           argv[0]);
       return 2;
     }
