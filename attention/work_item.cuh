@@ -100,7 +100,8 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
 // Planned inside the CTA (p.self_plan; the batch has at most kThreads requests): thread i reads
 // request i, the block runs the planner's passes (same functions, so the same plan), and the
 // thread whose request owns `item` hands its fields over through shared memory. This removes the
-// planner launch and its grid-completion wait from a standalone call (~3 us at small batch).
+// planner launch and its grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 ->
+// 16.1 us per call; the planning code each CTA now fetches cold is most of what remains).
 __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item,
                                                        WorkItem& w) {
   __shared__ int s_warp[kThreads / 32 + 1];
