@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     const RequestPlan rp = plan_round<kPlanThreads>(p, r < n, s, adaptive_chunks, parts_carry,
                                                     items_carry, parts_total, items_total, s_warp);
     if (r < n) {
-      p.plan.item_start[r] = static_cast<int>(min(rp.item_off, p.max_work));
+      p.plan.item_start[r] = min(rp.item_off, p.max_work);
       p.plan.num_tiles[r] = rp.tiles;
       p.plan.num_chunks[r] = rp.chunks;
       p.plan.chunk_size[r] = rp.chunk;
@@ -216,12 +216,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     // thousands of items): each item finds its request by binary search over the round's starts.
     const int round_n = min(kPlanThreads, n - base);
     if (static_cast<int>(threadIdx.x) < round_n)
-      s_first_item[threadIdx.x] = static_cast<int>(rp.item_off - items_carry);
-    if (threadIdx.x == 0) s_first_item[round_n] = static_cast<int>(items_total);
+      s_first_item[threadIdx.x] = rp.item_off - items_carry;
+    if (threadIdx.x == 0) s_first_item[round_n] = items_total;
     __syncthreads();
     const int round_end = min(items_carry + items_total, p.max_work);
     for (int item = items_carry + threadIdx.x; item < round_end; item += kPlanThreads) {
-      const int local = static_cast<int>(item - items_carry);
+      const int local = item - items_carry;
       int lo = 0, hi = round_n - 1;  // last request whose first item <= local
       while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     parts_carry += parts_total;
   }
   if (threadIdx.x == 0) {
-    const int total = static_cast<int>(min(items_carry, p.max_work));
+    const int total = min(items_carry, p.max_work);
     p.plan.item_start[n] = total;
     *p.plan.total_items = total;
   }
