@@ -29,10 +29,16 @@ void enable_smem() {
 #ifndef GD_ATTN_PDL
 #define GD_ATTN_PDL 1
 #endif
+// Every launch, not only the one behind the planner, as a programmatic dependent of whatever
+// kernel precedes it in the stream: its CTAs are scheduled while that kernel drains.
+#ifndef GD_ATTN_PDL_ALL
+#define GD_ATTN_PDL_ALL 1
+#endif
 
-// `after_plan`: launched right behind the planner as a programmatic dependent (PDL), so its CTAs
-// are scheduled while the one-block planner runs; the kernel waits (griddepcontrol.wait) before
-// its first read of anything an earlier kernel wrote.
+// PDL launch (`after_plan`, or any launch with GD_ATTN_PDL_ALL): the kernel is a programmatic
+// dependent of the kernel before it, so its CTAs are scheduled while that kernel finishes; it
+// waits (griddepcontrol.wait) for that kernel's completion and memory before its first global
+// read or write, so the order of the stream is kept.
 template <typename T, int kHeadDim>
 void launch(const KernelParams& kp, int grid, bool after_plan, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
@@ -44,7 +50,7 @@ void launch(const KernelParams& kp, int grid, bool after_plan, cudaStream_t stre
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (GD_ATTN_PDL && after_plan) ? 1 : 0;
+  cfg.numAttrs = (GD_ATTN_PDL && (after_plan || GD_ATTN_PDL_ALL)) ? 1 : 0;
   GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim>, kp));
   GD_CHECK_LAUNCH();
 }

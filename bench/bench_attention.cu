@@ -10,6 +10,11 @@
 // Time = median over `reps` (>= 50) CUDA-graph replays of PagedAttention::run after warm-up. The
 // L2 is flushed before each timed replay by a kernel that READS a buffer of 4x the L2 size (clean
 // lines, no write-back during the timed replay); only the replay is between the timing events.
+// Three graphs per shape, replays alternating: `us` = one run() (plan + attention, a standalone
+// call); `layer us` = one run_planned() (a model plans once a step); `step us` = per layer of a
+// graph of plan() + K run_planned() calls on K layers with their own K/V (K <= 16, cold after the
+// flush): the time attention adds to a decode step, without the one graph launch per call that
+// the first two columns include.
 // bytes = K + V read + Q + out; GB/s and % of the measured copy bandwidth; flops = 4 N L Hq D B.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -98,7 +103,13 @@ struct Result {
   bool skipped = false;
   std::string note;
   double us = 0, layer_us = 0, gbps = 0, pct_copy = 0, tflops = 0, bytes = 0;
+  std::int32_t step_layers = 0;  // K of the in-step graph (0: not measured, K/V too large)
+  double step_us = 0;            // per layer of plan() + K x run_planned()
 };
+
+// Layers of the in-step graph: 16, fewer when 16 copies of the K/V would not fit in 16 GiB.
+constexpr std::int32_t kStepLayers = 16;
+constexpr double kStepPoolBytes = 16.0 * (1 << 30);
 
 // One shape: build a random paged batch with shuffled pages, capture run() in a graph, time
 // `reps` replays each after an L2 flush.
@@ -117,15 +128,27 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   const std::size_t q_elems = static_cast<std::size_t>(b) * n * kHq * kD;
   std::size_t free_b = 0, total_b = 0;
   GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const double need = 2.0 * pool * 2 + 2.0 * q_elems * 2 + (1 << 28);  // + workspace headroom
+  const double layer_bytes = 2.0 * pool * 2;
+  const double need = layer_bytes + 2.0 * q_elems * 2 + (1 << 28);  // + workspace headroom
   if (need > 0.9 * free_b || num_pages >= (std::int64_t{1} << 31)) {
     r.skipped = true;
     r.note = "does not fit in device memory";
     return r;
   }
-  DeviceBuffer<std::uint16_t> k(pool), v(pool), q(q_elems), out(q_elems);
-  fill_random(k, rng(), s);
-  fill_random(v, rng(), s);
+  std::int32_t layers = kStepLayers;
+  while (layers >= 2 && (layers * layer_bytes > kStepPoolBytes ||
+                         need + (layers - 1) * layer_bytes > 0.9 * free_b))
+    --layers;
+  r.step_layers = layers >= 2 ? layers : 0;
+  // ks[0], vs[0]: the layer the per-call graphs use; the others only serve the in-step graph.
+  std::vector<DeviceBuffer<std::uint16_t>> ks, vs;
+  for (std::int32_t i = 0; i < std::max(1, r.step_layers); ++i) {
+    ks.emplace_back(pool);
+    vs.emplace_back(pool);
+    fill_random(ks.back(), rng(), s);
+    fill_random(vs.back(), rng(), s);
+  }
+  DeviceBuffer<std::uint16_t> q(q_elems), out(q_elems);
   fill_random(q, rng(), s);
 
   // Shuffled pages (never page 0; unless --ordered-pages), shuffled slots (never slot 0).
@@ -167,8 +190,8 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   batch.q_start = d_qs.data();
   batch.kv_len = d_kv.data();
   PagedKvView kv;
-  kv.k = k.data();
-  kv.v = v.data();
+  kv.k = ks[0].data();
+  kv.v = vs[0].data();
   kv.page_table = d_table.data();
   kv.max_pages_per_slot = ppr;
   kv.page_size = g_page;
@@ -186,9 +209,24 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   attn.plan(batch, s);
   const CudaGraph layer =
       warm_capture([&] { attn.run_planned(batch, kv, q.data(), out.data(), nullptr, s); });
-  const std::vector<double> us = replay_medians_us({&step, &layer}, reps, flush, sink, s);
+  std::vector<const CudaGraph*> graphs{&step, &layer};
+  CudaGraph in_step;
+  if (r.step_layers > 0) {
+    in_step = warm_capture([&] {
+      attn.plan(batch, s);
+      for (std::int32_t i = 0; i < r.step_layers; ++i) {
+        PagedKvView layer_kv = kv;
+        layer_kv.k = ks[i].data();
+        layer_kv.v = vs[i].data();
+        attn.run_planned(batch, layer_kv, q.data(), out.data(), nullptr, s);
+      }
+    });
+    graphs.push_back(&in_step);
+  }
+  const std::vector<double> us = replay_medians_us(graphs, reps, flush, sink, s);
   r.us = us[0];
   r.layer_us = us[1];
+  if (r.step_layers > 0) r.step_us = us[2] / r.step_layers;
   r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
@@ -200,18 +238,21 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
 
 void print_table(const std::vector<Result>& rs) {
   // us: plan + attention (a standalone call); layer us: attention alone (a model plans once a
-  // step and runs every layer on that plan). GB/s, %copy and TFLOP/s use the standalone time.
-  std::printf("%-7s %5s %6s %2s %-5s %10s %9s %9s %7s %8s\n", "kind", "B", "L", "N", "split", "us",
-              "layer us", "GB/s", "%copy", "TFLOP/s");
+  // step and runs every layer on that plan); step us: per layer of a K-layer step graph.
+  // GB/s, %copy and TFLOP/s use the standalone time.
+  std::printf("%-7s %5s %6s %2s %-5s %10s %9s %9s %9s %7s %8s\n", "kind", "B", "L", "N", "split",
+              "us", "layer us", "step us", "GB/s", "%copy", "TFLOP/s");
   for (const Result& r : rs) {
     if (r.skipped) {
       std::printf("%-7s %5d %6d %2d %-5s   skipped: %s\n", r.kind.c_str(), r.batch, r.kv_len,
                   r.q_per_req, r.deterministic ? "det" : "auto", r.note.c_str());
       continue;
     }
-    std::printf("%-7s %5d %6d %2d %-5s %10.1f %9.1f %9.0f %6.1f%% %8.1f\n", r.kind.c_str(), r.batch,
-                r.kv_len, r.q_per_req, r.deterministic ? "det" : "auto", r.us, r.layer_us, r.gbps,
-                r.pct_copy, r.tflops);
+    char step[32] = "-";
+    if (r.step_layers > 0) std::snprintf(step, sizeof step, "%.1f", r.step_us);
+    std::printf("%-7s %5d %6d %2d %-5s %10.1f %9.1f %9s %9.0f %6.1f%% %8.1f\n", r.kind.c_str(),
+                r.batch, r.kv_len, r.q_per_req, r.deterministic ? "det" : "auto", r.us, r.layer_us,
+                step, r.gbps, r.pct_copy, r.tflops);
   }
 }
 
@@ -232,9 +273,10 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
       << ", \"deterministic\": " << (r.deterministic ? "true" : "false")
       << ", \"skipped\": " << (r.skipped ? "true" : "false");
     if (!r.skipped)
-      f << ", \"us\": " << r.us << ", \"layer_us\": " << r.layer_us << ", \"bytes\": " << r.bytes
-        << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy
-        << ", \"tflops\": " << r.tflops;
+      f << ", \"us\": " << r.us << ", \"layer_us\": " << r.layer_us
+        << ", \"step_layers\": " << r.step_layers << ", \"step_us\": " << r.step_us
+        << ", \"bytes\": " << r.bytes << ", \"gbps\": " << r.gbps
+        << ", \"pct_copy\": " << r.pct_copy << ", \"tflops\": " << r.tflops;
     else
       f << ", \"note\": \"" << r.note << "\"";
     f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";

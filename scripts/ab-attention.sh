@@ -3,6 +3,7 @@
 # definitions such as GD_ATTN_MIN_SPLIT, GD_ATTN_TARGET_WAVES; builds run in parallel) into
 # build-ab0, build-ab1, ... and runs each on the given bench arguments.
 #   scripts/ab-attention.sh "--small-batch" "" "-DGD_ATTN_MIN_SPLIT=512" ...
+# GD_AB_DECODE="--context 1024": also build and run bench_decode (the model step) per variant.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -14,7 +15,7 @@ for defs in "$@"; do
   dir=build-ab$i
   ( cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DGRAPHDECODE_BUILD_TESTS=OFF -DGRAPHDECODE_BUILD_EXAMPLES=OFF "-DCMAKE_CUDA_FLAGS=$defs" \
-      > $dir.log 2>&1 && ninja -j$jobs -C $dir bench_attention >> $dir.log 2>&1 ||
+      > $dir.log 2>&1 && ninja -j$jobs -C $dir bench_attention ${GD_AB_DECODE:+bench_decode} >> $dir.log 2>&1 ||
       echo "build failed: $defs (see $dir.log)" ) &
   i=$((i + 1))
 done
@@ -24,5 +25,7 @@ for defs in "$@"; do
   echo "=== variant: ${defs:-default}"
   [ -x build-ab$i/bench/bench_attention ] &&
     build-ab$i/bench/bench_attention $args | grep -E "floor|decode|verify"
+  [ -n "${GD_AB_DECODE:-}" ] && [ -x build-ab$i/bench/bench_decode ] &&
+    build-ab$i/bench/bench_decode $GD_AB_DECODE | grep -vE "^$"
   i=$((i + 1))
 done
