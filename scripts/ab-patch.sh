@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# device: A/B of the working tree against the tree with ab-old.patch reversed (bench_attention)
+set -uo pipefail
+export PATH=/usr/local/cuda/bin:$PATH
+rm -rf /tmp/old && mkdir /tmp/old && cp -r $(ls -A | grep -v '^build') /tmp/old/ && (cd /tmp/old && patch -R -p1 -s < ab-old.patch) || { echo patch failed; exit 1; }
+for d in . /tmp/old; do
+  ( cmake -S $d -B $d/build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGRAPHDECODE_BUILD_TESTS=OFF -DGRAPHDECODE_BUILD_EXAMPLES=OFF > $d/ab.log 2>&1 && ninja -j8 -C $d/build-ab bench_attention >> $d/ab.log 2>&1 || echo build failed $d ) &
+done
+wait
+for args in "$@"; do
+  for d in /tmp/old .; do
+    echo "=== $d $args"; $d/build-ab/bench/bench_attention $args | grep -E "^decode|^verify"
+  done
+done
