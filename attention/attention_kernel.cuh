@@ -34,9 +34,15 @@ namespace graphdecode::attn {
 #ifndef GD_ATTN_ROLL_DECODE
 #define GD_ATTN_ROLL_DECODE 1
 #endif
+// Split-KV merge with the next batch of chunks loaded while the current one is summed (see
+// merge_if_last), for head dims >= 128 only: H100, d128 B=1 L=4096 19.6 vs 20.2 us per call,
+// L=8192 24.9 vs 26.5; but the d64 model step (bench_decode B=1, 16 layers) took ~25 us longer
+// with it (1389 vs 1362 us at L=1024, twice) and verify N=8 at d128 ~5 us (0.6%) longer.
 #ifndef GD_ATTN_MERGE_PREFETCH
 #define GD_ATTN_MERGE_PREFETCH 1
 #endif
+template <int kHeadDim>
+inline constexpr bool kMergePrefetch = GD_ATTN_MERGE_PREFETCH&& kHeadDim >= 128;
 
 template <int kHeadDim>
 struct TileConfig {
@@ -401,28 +407,28 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
         acc[3] += sc * v[k].w;
       }
     };
-#if GD_ATTN_MERGE_PREFETCH
-    // Two register buffers: the next batch's loads are in flight while this batch is summed, so
-    // 32 chunks cost about two L2 round trips instead of four.
-    float lc_a[kMergeBatch], lc_b[kMergeBatch];
-    float4 v_a[kMergeBatch], v_b[kMergeBatch];
-    load(0, lc_a, v_a);
-    for (int c0 = 0; c0 < w.chunks; c0 += 2 * kMergeBatch) {
-      const bool has_b = c0 + kMergeBatch < w.chunks;
-      if (has_b) load(c0 + kMergeBatch, lc_b, v_b);
-      consume(lc_a, v_a);
-      if (!has_b) break;
-      if (c0 + 2 * kMergeBatch < w.chunks) load(c0 + 2 * kMergeBatch, lc_a, v_a);
-      consume(lc_b, v_b);
+    if constexpr (kMergePrefetch<kHeadDim>) {
+      // Two register buffers: the next batch's loads are in flight while this batch is summed, so
+      // 32 chunks cost about two L2 round trips instead of four.
+      float lc_a[kMergeBatch], lc_b[kMergeBatch];
+      float4 v_a[kMergeBatch], v_b[kMergeBatch];
+      load(0, lc_a, v_a);
+      for (int c0 = 0; c0 < w.chunks; c0 += 2 * kMergeBatch) {
+        const bool has_b = c0 + kMergeBatch < w.chunks;
+        if (has_b) load(c0 + kMergeBatch, lc_b, v_b);
+        consume(lc_a, v_a);
+        if (!has_b) break;
+        if (c0 + 2 * kMergeBatch < w.chunks) load(c0 + 2 * kMergeBatch, lc_a, v_a);
+        consume(lc_b, v_b);
+      }
+    } else {
+      for (int c0 = 0; c0 < w.chunks; c0 += kMergeBatch) {
+        float lc[kMergeBatch];
+        float4 v[kMergeBatch];
+        load(c0, lc, v);
+        consume(lc, v);
+      }
     }
-#else
-    for (int c0 = 0; c0 < w.chunks; c0 += kMergeBatch) {
-      float lc[kMergeBatch];
-      float4 v[kMergeBatch];
-      load(c0, lc, v);
-      consume(lc, v);
-    }
-#endif
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     const std::int64_t orow = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
     const uint2 packed = make_uint2(MmaType<T>::pack(acc[0] * inv, acc[1] * inv),
