@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# device: A/B of the working tree against the tree with ab-old.patch reversed (bench_attention)
+# A/B on the device: the working tree against the same tree with ./ab-old.patch (a `git diff`
+# saved at the repo root, untracked) reversed; builds bench_attention for both, then runs every
+# argument string on both.   git diff > ab-old.patch; scripts/ab-patch.sh "--small-batch" ...
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
 rm -rf /tmp/old && mkdir /tmp/old && cp -r $(ls -A | grep -v '^build') /tmp/old/ && (cd /tmp/old && patch -R -p1 -s < ab-old.patch) || { echo patch failed; exit 1; }
