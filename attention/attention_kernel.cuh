@@ -42,7 +42,7 @@ namespace graphdecode::attn {
 #define GD_ATTN_MERGE_PREFETCH 1
 #endif
 template <int kHeadDim>
-inline constexpr bool kMergePrefetch = GD_ATTN_MERGE_PREFETCH&& kHeadDim >= 128;
+inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
 
 template <int kHeadDim>
 struct TileConfig {
