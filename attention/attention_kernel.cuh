@@ -41,6 +41,10 @@ namespace graphdecode::attn {
 #ifndef GD_ATTN_MERGE_PREFETCH
 #define GD_ATTN_MERGE_PREFETCH 1
 #endif
+// K/V copies with an L2 evict-first policy (streamed once; experiment, default off).
+#ifndef GD_ATTN_KV_EVICT_FIRST
+#define GD_ATTN_KV_EVICT_FIRST 0
+#endif
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
 
@@ -80,8 +84,14 @@ __device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkI
     off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
   }
   const int s = swizzled_offset<kHeadDim>(row, ch);
+#if GD_ATTN_KV_EVICT_FIRST
+  const std::uint64_t policy = l2_evict_first_policy();
+  cp_async_16_policy(sK + s, static_cast<const T*>(p.kv.k) + off, valid, policy);
+  cp_async_16_policy(sV + s, static_cast<const T*>(p.kv.v) + off, valid, policy);
+#else
   cp_async_16(sK + s, static_cast<const T*>(p.kv.k) + off, valid);
   cp_async_16(sV + s, static_cast<const T*>(p.kv.v) + off, valid);
+#endif
 }
 
 // (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:

@@ -82,6 +82,19 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(src_bytes));
 }
+// As cp_async_16, with an L2 cache policy (createpolicy): K/V are read once per call.
+__device__ __forceinline__ void cp_async_16_policy(void* smem, const void* gmem, bool valid,
+                                                   std::uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   smem_addr(smem)),
+               "l"(gmem), "r"(src_bytes), "l"(policy));
+}
+__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
 }
