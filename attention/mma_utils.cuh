@@ -86,9 +86,9 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 __device__ __forceinline__ void cp_async_16_policy(void* smem, const void* gmem, bool valid,
                                                    std::uint64_t policy) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   smem_addr(smem)),
-               "l"(gmem), "r"(src_bytes), "l"(policy));
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(smem)),
+      "l"(gmem), "r"(src_bytes), "l"(policy));
 }
 __device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
   std::uint64_t policy;
