@@ -26,21 +26,15 @@ void enable_smem() {
                                static_cast<int>(TileConfig<kHeadDim>::kSmemBytes)));
 }
 
+// Every launch is a programmatic dependent (PDL) of the kernel before it in the stream (the
+// planner, or a layer's other kernels): its CTAs are scheduled while that kernel finishes, and it
+// waits (griddepcontrol.wait) for that kernel's completion and memory before its first global
+// read or write, so the order of the stream is kept.
 #ifndef GD_ATTN_PDL
 #define GD_ATTN_PDL 1
 #endif
-// Every launch, not only the one behind the planner, as a programmatic dependent of whatever
-// kernel precedes it in the stream: its CTAs are scheduled while that kernel drains.
-#ifndef GD_ATTN_PDL_ALL
-#define GD_ATTN_PDL_ALL 1
-#endif
-
-// PDL launch (`after_plan`, or any launch with GD_ATTN_PDL_ALL): the kernel is a programmatic
-// dependent of the kernel before it, so its CTAs are scheduled while that kernel finishes; it
-// waits (griddepcontrol.wait) for that kernel's completion and memory before its first global
-// read or write, so the order of the stream is kept.
 template <typename T, int kHeadDim>
-void launch(const KernelParams& kp, int grid, bool after_plan, cudaStream_t stream) {
+void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
@@ -50,7 +44,7 @@ void launch(const KernelParams& kp, int grid, bool after_plan, cudaStream_t stre
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (GD_ATTN_PDL && (after_plan || GD_ATTN_PDL_ALL)) ? 1 : 0;
+  cfg.numAttrs = GD_ATTN_PDL ? 1 : 0;
   GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim>, kp));
   GD_CHECK_LAUNCH();
 }
@@ -187,11 +181,11 @@ void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) cons
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                                  void* out, float* lse, cudaStream_t stream) const {
-  launch_attention(batch, kv, q, out, lse, Planning::kPlanned, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, stream);
 }
 
 void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
-                                      const void* q, void* out, float* lse, Planning planning,
+                                      const void* q, void* out, float* lse, bool self_plan,
                                       cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
@@ -229,11 +223,10 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.causal = c.mode == AttentionMode::kCausal;
-  kp.self_plan = planning == Planning::kSelf;
-  if (kp.self_plan) kp.planning = plan_params(batch);
-  const bool after_plan = planning == Planning::kAfterPlan;
+  kp.self_plan = self_plan;
+  if (self_plan) kp.planning = plan_params(batch);
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
-    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), after_plan, stream);
+    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
   });
 }
 
@@ -243,11 +236,11 @@ void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, con
 #define GD_ATTN_SELF_PLAN 1
 #endif
   if (GD_ATTN_SELF_PLAN && config_.max_batch <= attn::kThreads) {  // a CTA plans it by itself
-    launch_attention(batch, kv, q, out, lse, Planning::kSelf, stream);
+    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, stream);
     return;
   }
   plan(batch, stream);
-  launch_attention(batch, kv, q, out, lse, Planning::kAfterPlan, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, stream);
 }
 
 }  // namespace graphdecode

@@ -92,11 +92,9 @@ class PagedAttention {
  private:
   attn::PlanView plan_view() const;
   attn::PlanParams plan_params(const AttentionBatch& batch) const;
-  // kPlanned: the plan is in place (run_planned). kAfterPlan: launched right behind plan() as its
-  // programmatic dependent (PDL). kSelf: no plan kernel; every CTA plans the batch itself.
-  enum class Planning : std::uint8_t { kPlanned, kAfterPlan, kSelf };
+  // self_plan: no plan kernel, every CTA plans the batch itself; else the plan is in place.
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                        void* out, float* lse, Planning planning, cudaStream_t stream) const;
+                        void* out, float* lse, bool self_plan, cudaStream_t stream) const;
   AttentionConfig config_;
   std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
   std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs

@@ -87,10 +87,15 @@ def bench_shape(b, l, name, backend, flush, reps):
         k = torch.empty(b, HKV, l, D, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
         v = torch.empty(b, HKV, l, D, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
         layout = "gqa"
+
+        def call(kk, vv):
+            if layout == "gqa":
+                return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, kk, vv)
+
         with sdpa_kernel(backend):
             try:
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+                call(k, v)
             except (RuntimeError, TypeError):
                 layout = "expanded"
                 if kv_bytes * (HQ // HKV) * 1.2 > free:
@@ -98,13 +103,11 @@ def bench_shape(b, l, name, backend, flush, reps):
                     return row
                 k = k.repeat_interleave(HQ // HKV, dim=1)
                 v = v.repeat_interleave(HQ // HKV, dim=1)
-                F.scaled_dot_product_attention(q, k, v)
-                fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-            call = (lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)) \
-                if layout == "gqa" else (lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv))
+                call(k, v)
+            fn = lambda: call(k, v)  # noqa: E731
             fns, graphs, kvs, layers = [fn], [], [], 0
             try:
-                graphs.append(capture(lambda: call(k, v)))
+                graphs.append(capture(fn))
                 fns.append(graphs[-1].replay)
                 # The in-step graph: K layers, each with its own K/V (the first is k, v).
                 layer_bytes = 2 * k.numel() * k.element_size()
