@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.cuh"
+#include "attention/attention_trace.cuh"
 #include "attention/mma_utils.cuh"
 #include "attention/work_item.cuh"
 #include "common/request_rules.h"
@@ -213,6 +214,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
     if (it < 0) continue;
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
+    if (it == 0) GD_TRACE_POINT(2);
     const int st = it % C::kStages;
     const T* k_tile = sK + st * kBlockN * kHeadDim;
     const T* v_tile = sV + st * kBlockN * kHeadDim;
@@ -374,6 +376,7 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
   }
   __syncthreads();
   if (!*s_last) return;
+  GD_TRACE_MERGED();
   __threadfence();  // order the counter read before the partial reads
   const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.num_q_heads;  // per chunk
   constexpr int kQuads = kHeadDim / 4;
@@ -457,6 +460,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
   WorkItem w;
+  GD_TRACE_POINT(0);
   // Launched as a programmatic dependent (PDL) of the kernel before it (the planner, a layer's
   // other kernels): wait for its completion and writes before the first global access. (A no-op
   // when launched without PDL.)
@@ -467,6 +471,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!(p.self_plan ? self_planned_work_item(p, blockIdx.x, w)
                     : planned_work_item(p, blockIdx.x, w)))
     return;
+  GD_TRACE_POINT(1);
+  GD_TRACE_ITEM(w);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
@@ -474,7 +480,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
   else
     attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);
+  GD_TRACE_POINT(3);
   if (w.split) merge_if_last<T, kHeadDim>(p, w, &s_flag);
+  GD_TRACE_POINT(4);
 }
 
 }  // namespace graphdecode::attn

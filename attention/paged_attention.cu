@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "attention/attention_kernel.cuh"
 #include "attention/attention_plan.cuh"
@@ -18,6 +19,18 @@ namespace graphdecode {
 namespace attn {
 
 constexpr int kDefaultSplitTokens = 1024;
+
+#if GD_ATTN_TRACE
+void clear_trace() {
+  static std::vector<unsigned long long> zeros(kTraceCtas * kTraceFields, 0);
+  GD_CUDA(cudaMemcpyToSymbol(g_attn_trace, zeros.data(), zeros.size() * 8));
+}
+std::vector<unsigned long long> read_trace() {
+  std::vector<unsigned long long> t(kTraceCtas * kTraceFields);
+  GD_CUDA(cudaMemcpyFromSymbol(t.data(), g_attn_trace, t.size() * 8));
+  return t;
+}
+#endif
 
 template <typename T, int kHeadDim>
 void enable_smem() {

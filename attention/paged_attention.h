@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/buffers.h"
 #include "common/dtype.h"
@@ -126,5 +127,12 @@ struct MergeStatesArgs {
   DType dtype = DType::kBF16;
 };
 void merge_attention_states(const MergeStatesArgs& args, cudaStream_t stream);
+
+#if GD_ATTN_TRACE
+namespace attn {  // diagnosis builds only: per-CTA timestamps of the last attention launch
+void clear_trace();
+std::vector<unsigned long long> read_trace();  // [8192 CTAs][12]
+}  // namespace attn
+#endif
 
 }  // namespace graphdecode

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -224,6 +225,25 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
     graphs.push_back(&in_step);
   }
   const std::vector<double> us = replay_medians_us(graphs, reps, flush, sink, s);
+#if GD_ATTN_TRACE
+  // One more replay of each graph after a flush, its per-CTA timestamps to GD_TRACE_DIR.
+  if (const char* dir = std::getenv("GD_TRACE_DIR")) {
+    for (std::size_t j = 0; j < 2; ++j) {
+      GD_CUDA(cudaStreamSynchronize(s));
+      attn::clear_trace();
+      l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+      GD_CHECK_LAUNCH();
+      graphs[j]->launch(s);
+      GD_CUDA(cudaStreamSynchronize(s));
+      const std::vector<unsigned long long> t = attn::read_trace();
+      const std::string path = std::string(dir) + "/trace_" + (j ? "layer" : "call") + "_b" +
+                               std::to_string(b) + "_l" + std::to_string(l) + "_n" +
+                               std::to_string(n) + ".bin";
+      std::ofstream(path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(t.data()), t.size() * 8);
+    }
+  }
+#endif
   r.us = us[0];
   r.layer_us = us[1];
   if (r.step_layers > 0) r.step_us = us[2] / r.step_layers;

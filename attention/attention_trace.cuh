@@ -1,0 +1,45 @@
+// Diagnosis builds only (-DGD_ATTN_TRACE=1): per-CTA timestamps of the last attention launch,
+// written by bench_attention to $GD_TRACE_DIR and summarized by scripts/trace-summary.py. In normal
+// builds every macro below is empty.
+// Record of CTA b, g_attn_trace[b * kTraceFields + f]:
+//   f = 2i, 2i+1: globaltimer, clock64 at point i: 0 entry, 1 work item known, 2 first K/V tile in
+//                 shared memory, 3 attention done, 4 exit (after the split-KV merge, if any)
+//   f = 10: smid | chunks << 16 | chunk << 32 | keys of the item << 40;  f = 11: 1 if it merged.
+#pragma once
+
+#ifndef GD_ATTN_TRACE
+#define GD_ATTN_TRACE 0
+#endif
+
+#if GD_ATTN_TRACE
+namespace graphdecode::attn {
+constexpr int kTraceCtas = 8192, kTraceFields = 12;
+__device__ unsigned long long g_attn_trace[kTraceCtas * kTraceFields];
+
+__device__ __forceinline__ void trace_value(int field, unsigned long long v) {
+  if (threadIdx.x == 0 && blockIdx.x < kTraceCtas)
+    g_attn_trace[blockIdx.x * kTraceFields + field] = v;
+}
+__device__ __forceinline__ void trace_point(int i) {
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  trace_value(2 * i, g);
+  trace_value(2 * i + 1, clock64());
+}
+}  // namespace graphdecode::attn
+#define GD_TRACE_POINT(i) trace_point(i)
+#define GD_TRACE_ITEM(w)                                                           \
+  do {                                                                             \
+    unsigned smid_;                                                                \
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid_));                             \
+    trace_value(10, smid_ | (static_cast<unsigned long long>((w).chunks) << 16) |  \
+                        (static_cast<unsigned long long>((w).chunk) << 32) |       \
+                        (static_cast<unsigned long long>((w).ke - (w).kb) << 40)); \
+    trace_value(11, 0);                                                            \
+  } while (0)
+#define GD_TRACE_MERGED() trace_value(11, 1)
+#else
+#define GD_TRACE_POINT(i)
+#define GD_TRACE_ITEM(w)
+#define GD_TRACE_MERGED()
+#endif
