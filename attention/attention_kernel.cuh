@@ -42,9 +42,12 @@ namespace graphdecode::attn {
 #ifndef GD_ATTN_MERGE_PREFETCH
 #define GD_ATTN_MERGE_PREFETCH 1
 #endif
-// K/V copies with an L2 evict-first policy (streamed once; experiment, default off).
+// K/V copies with an L2 evict-first policy: K/V stream through once, so they should not push the
+// plan, page tables, partials and the next layer's inputs out of L2. H100, two A/B runs: per layer
+// of a step B=8 L=2048 31.5 -> 30.2 us, L=8192 99.4 -> 98.3, B=256 L=2048 724 -> 719; standalone
+// calls within -0.5..+0.2 us (bench/NOTES.md 31, 35).
 #ifndef GD_ATTN_KV_EVICT_FIRST
-#define GD_ATTN_KV_EVICT_FIRST 0
+#define GD_ATTN_KV_EVICT_FIRST 1
 #endif
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
