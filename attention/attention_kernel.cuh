@@ -68,7 +68,7 @@ __device__ __forceinline__ void row_token_head(const KernelParams& p, const Work
                                                int& tok, int& head) {
   const int t = p.group_div.div(row);
   tok = w.tok0 + t;
-  head = w.kv_head * p.group + (row - t * p.group);
+  head = w.kv_head * p.call.group + (row - t * p.call.group);
 }
 
 // One 16-byte piece (i = row * kChunksPerRow + chunk of the 64-key tile) of K and of V.
@@ -122,10 +122,11 @@ __device__ __forceinline__ void store_row_pair(const KernelParams& p, const Work
   row_token_head(p, w, row, tok, head);
   if (w.split) {
     const std::int64_t e =
-        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
+        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.call.num_q_heads +
+        head;
     *reinterpret_cast<float2*>(p.partial_o + e * p.kv.head_dim + dim) = make_float2(o0, o1);
   } else {
-    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head;
     T* out = static_cast<T*>(p.out) + e * p.kv.head_dim + dim;
     *reinterpret_cast<uint32_t*>(out) = MmaType<T>::pack(o0, o1);
   }
@@ -136,10 +137,11 @@ __device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkI
   row_token_head(p, w, row, tok, head);
   if (w.split) {
     const std::int64_t e =
-        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.num_q_heads + head;
+        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.call.num_q_heads +
+        head;
     p.partial_lse[e] = lse2;
   } else if (p.lse != nullptr) {
-    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head;
     p.lse[e] = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
   }
 }
@@ -169,8 +171,8 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       if (valid) {
         int tok, head;
         row_token_head(p, w, row, tok, head);
-        off =
-            (static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head) * kHeadDim + ch * 8;
+        off = (static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head) * kHeadDim +
+              ch * 8;
       }
       cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
     }
@@ -183,8 +185,8 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
     const int row = wq * 16 + g + 8 * i;
     if (row < w.rows) {
       const int pos = w.pos0 + p.group_div.div(row);
-      row_lo[i] = p.causal ? max(w.kb, first_visible_key(pos, w.window)) : w.kb;
-      row_hi[i] = p.causal ? min(w.ke - 1, pos) : w.ke - 1;
+      row_lo[i] = p.call.causal ? max(w.kb, first_visible_key(pos, w.window)) : w.kb;
+      row_hi[i] = p.call.causal ? min(w.ke - 1, pos) : w.ke - 1;
     } else {
       row_lo[i] = 1;
       row_hi[i] = 0;  // empty
@@ -381,14 +383,15 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
   if (!*s_last) return;
   GD_TRACE_MERGED();
   __threadfence();  // order the counter read before the partial reads
-  const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.num_q_heads;  // per chunk
+  const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.call.num_q_heads;  // per chunk
   constexpr int kQuads = kHeadDim / 4;
   for (int e = threadIdx.x; e < w.rows * kQuads; e += kThreads) {
     const int row = e / kQuads;
     const int dim = (e % kQuads) * 4;
     int tok, head;
     row_token_head(p, w, row, tok, head);
-    const std::int64_t first = w.part_off + static_cast<std::int64_t>(tok) * p.num_q_heads + head;
+    const std::int64_t first =
+        w.part_off + static_cast<std::int64_t>(tok) * p.call.num_q_heads + head;
     float mmax = -INFINITY, wsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     // Chunks in batches of kMergeBatch, in chunk order (the sum is deterministic): all loads of a
     // batch are issued before any is used, then one rescale to the batch's maximum.
@@ -446,7 +449,8 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
       }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const std::int64_t orow = static_cast<std::int64_t>(w.q_begin + tok) * p.num_q_heads + head;
+    const std::int64_t orow =
+        static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head;
     const uint2 packed = make_uint2(MmaType<T>::pack(acc[0] * inv, acc[1] * inv),
                                     MmaType<T>::pack(acc[2] * inv, acc[3] * inv));
     *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + orow * kHeadDim + dim) = packed;
@@ -479,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
-  if (w.q_len * p.group <= kDecodeRows)
+  if (w.q_len * p.call.group <= kDecodeRows)
     attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
   else
     attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);

@@ -66,27 +66,22 @@ struct PlanParams {
 };
 
 struct KernelParams {
+  // The call's batch, plan buffers, shapes and capacities: what plan_kernel gets, and what every
+  // CTA plans the batch from when self_plan is set.
+  PlanParams call;
   const void* q;  // [total_q][num_q_heads][head_dim]
   void* out;      // [total_q][num_q_heads][head_dim]
   float* lse;     // [total_q][num_q_heads] or nullptr
   PagedKvView kv;
-  AttentionBatch batch;
-  PlanView plan;
   float* partial_o;           // [max_partials][head_dim]
   float* partial_lse;         // [max_partials], log2 domain
   std::int32_t* merge_count;  // [max_work] chunks finished per (request, head, tile); 0 at rest
-  std::int32_t max_batch;
-  std::int32_t num_q_heads;
-  std::int32_t group;
-  std::int32_t tokens_per_tile;
-  FastDivmod page_div;   // by kv.page_size
-  FastDivmod group_div;  // by group
-  float scale_log2;      // sm_scale * log2(e)
-  bool causal;
+  FastDivmod page_div;        // by kv.page_size
+  FastDivmod group_div;       // by call.group
+  float scale_log2;           // sm_scale * log2(e)
   // Standalone run() with max_batch <= kThreads: no planner launch; every CTA plans the batch
-  // itself from `planning` (the plan buffers are neither read nor written).
+  // itself from `call` (the plan buffers are neither read nor written).
   bool self_plan;
-  PlanParams planning;
 };
 
 // Window of a call: < 0 means full attention (also for cross mode and a null pointer).

@@ -203,8 +203,8 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
-  GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
-             "AttentionBatch pointers must be set");
+  KernelParams kp{};
+  kp.call = plan_params(batch);  // checks the batch pointers
   GD_REQUIRE(q != nullptr && out != nullptr, "q/out", "null", "query and output must be set");
   GD_REQUIRE(kv.num_kv_heads == c.num_kv_heads, "kv.num_kv_heads", kv.num_kv_heads,
              "does not match the attention config");
@@ -216,28 +216,18 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
              "kv.max_pages_per_slot", kv.max_pages_per_slot,
              "page table rows are shorter than max_kv_len");
 
-  const int group = c.num_q_heads / c.num_kv_heads;
-  KernelParams kp{};
   kp.q = q;
   kp.out = out;
   kp.lse = lse;
   kp.kv = kv;
-  kp.batch = batch;
-  kp.plan = plan_view();
   kp.partial_o = partial_o_.data();
   kp.partial_lse = partial_lse_.data();
   kp.merge_count = merge_count_.data();
-  kp.max_batch = c.max_batch;
-  kp.num_q_heads = c.num_q_heads;
-  kp.group = group;
-  kp.tokens_per_tile = kMaxRows / group;
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.page_div = FastDivmod::make(static_cast<std::uint32_t>(kv.page_size));
-  kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(group));
+  kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
-  kp.causal = c.mode == AttentionMode::kCausal;
   kp.self_plan = self_plan;
-  if (self_plan) kp.planning = plan_params(batch);
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
     launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
   });

@@ -46,12 +46,12 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   w.q_begin = src.q_begin;
   w.q_len = src.q_len;
   w.kv_len = src.kv_len;
-  const bool decode_layout = w.q_len * p.group <= kDecodeRows;
-  const int tpt = decode_layout ? w.q_len : p.tokens_per_tile;
+  const bool decode_layout = w.q_len * p.call.group <= kDecodeRows;
+  const int tpt = decode_layout ? w.q_len : p.call.tokens_per_tile;
   w.tok0 = tile * tpt;
   w.tokens = min(tpt, w.q_len - w.tok0);
-  w.rows = w.tokens * p.group;
-  w.window = read_window(p.batch, p.causal);
+  w.rows = w.tokens * p.call.group;
+  w.window = read_window(p.call.batch, p.call.causal);
   w.split = chunks > 1;
   w.chunks = chunks;
   w.item = item;
@@ -62,12 +62,12 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   const int first = src.first_key, end = src.key_end, size = src.chunk_size;
   w.kb = 0;
   w.ke = 0;
-  w.pos0 = p.causal ? w.kv_len - w.q_len + w.tok0 : 0;
+  w.pos0 = p.call.causal ? w.kv_len - w.q_len + w.tok0 : 0;
   if (end > first) {
     const int c = udiv(first, size) + w.chunk;  // first >= 0
     w.kb = max(first, c * size);
     w.ke = min(end, (c + 1) * size);
-    if (p.causal) {
+    if (p.call.causal) {
       w.kb = max(w.kb, first_visible_key(w.pos0, w.window));
       w.ke = min(w.ke, w.pos0 + w.tokens);  // the tile's last query sees up to its own position
     }
@@ -78,22 +78,22 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
 // From the planner's plan: the item's request comes from one load of item_request (issued with the
 // total), then every per-request field in one more round of independent loads.
 __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int item, WorkItem& w) {
-  const int total = *p.plan.total_items;
-  const int r = p.plan.item_request[item];  // stale beyond `total`; then unused
-  if (item >= total || r < 0 || r >= p.max_batch) return false;  // uniform over the CTA
+  const int total = *p.call.plan.total_items;
+  const int r = p.call.plan.item_request[item];  // stale beyond `total`; then unused
+  if (item >= total || r < 0 || r >= p.call.max_batch) return false;  // uniform over the CTA
   ItemSource src;
   src.request = r;
-  src.item_start = p.plan.item_start[r];
-  src.tiles = p.plan.num_tiles[r];
-  src.chunks = p.plan.num_chunks[r];
-  src.chunk_size = p.plan.chunk_size[r];
-  src.first_key = p.plan.first_key[r];
-  src.key_end = p.plan.key_end[r];
-  src.part_off = p.plan.part_off[r];
-  src.q_begin = p.batch.q_start[r];
-  src.q_len = p.batch.q_start[r + 1] - src.q_begin;
-  src.kv_len = p.batch.kv_len[r];
-  src.slot = p.batch.slot[r];
+  src.item_start = p.call.plan.item_start[r];
+  src.tiles = p.call.plan.num_tiles[r];
+  src.chunks = p.call.plan.num_chunks[r];
+  src.chunk_size = p.call.plan.chunk_size[r];
+  src.first_key = p.call.plan.first_key[r];
+  src.key_end = p.call.plan.key_end[r];
+  src.part_off = p.call.plan.part_off[r];
+  src.q_begin = p.call.batch.q_start[r];
+  src.q_len = p.call.batch.q_start[r + 1] - src.q_begin;
+  src.kv_len = p.call.batch.kv_len[r];
+  src.slot = p.call.batch.slot[r];
   return fill_work_item(p, item, src, w);
 }
 
@@ -108,7 +108,7 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
   __shared__ int s_sum[kThreads / 32];
   __shared__ ItemSource s_src;
   __shared__ int s_found;
-  const PlanParams& pp = p.planning;
+  const PlanParams& pp = p.call;
   const int n = read_num_requests(pp.batch, pp.max_batch);  // max_batch <= kThreads
   const int window = read_window(pp.batch, pp.causal);
   const int r = threadIdx.x;
