@@ -52,9 +52,18 @@ namespace graphdecode::attn {
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
 
+// Pipeline depth (head dims <= 128) and CTAs per SM: experiment knobs. H100, B=8 L=32768: 2 stages
+// stream as fast as 3; one CTA per SM with 4 or 6 stages (and the grid sized for it) streams at
+// 74% of copy instead of 97% (bench/NOTES.md 36).
+#ifndef GD_ATTN_STAGES
+#define GD_ATTN_STAGES 3
+#endif
+#ifndef GD_ATTN_MIN_BLOCKS
+#define GD_ATTN_MIN_BLOCKS 2
+#endif
 template <int kHeadDim>
 struct TileConfig {
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kQElems = kMaxRows * kHeadDim;
   static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
@@ -460,7 +469,7 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
     attention_kernel(const __grid_constant__ KernelParams p) {
   using C = TileConfig<kHeadDim>;
   extern __shared__ __align__(128) unsigned char smem[];

@@ -3,6 +3,7 @@
 # definitions such as GD_ATTN_MIN_SPLIT, GD_ATTN_TARGET_WAVES; builds run in parallel) into
 # build-ab0, build-ab1, ... and runs each on the given bench arguments.
 #   scripts/ab-attention.sh "--small-batch" "" "-DGD_ATTN_MIN_SPLIT=512" ...
+# ARGS may hold several runs separated by ';' ("--shape 8,8192;--shape 8,32768").
 # GD_AB_DECODE="--context 1024": also build and run bench_decode (the model step) per variant.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +24,11 @@ wait
 i=0
 for defs in "$@"; do
   echo "=== variant: ${defs:-default}"
-  [ -x build-ab$i/bench/bench_attention ] &&
-    build-ab$i/bench/bench_attention $args | grep -E "floor|decode|verify"
+  IFS=';' read -ra runs <<< "$args"
+  for run in "${runs[@]}"; do
+    [ -x build-ab$i/bench/bench_attention ] &&
+      build-ab$i/bench/bench_attention $run | grep -E "floor|decode|verify"
+  done
   [ -n "${GD_AB_DECODE:-}" ] && [ -x build-ab$i/bench/bench_decode ] &&
     build-ab$i/bench/bench_decode $GD_AB_DECODE | grep -vE "^$"
   i=$((i + 1))
