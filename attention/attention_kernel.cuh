@@ -81,9 +81,10 @@ __device__ __forceinline__ void row_token_head(const KernelParams& p, const Work
 }
 
 // One 16-byte piece (i = row * kChunksPerRow + chunk of the 64-key tile) of K and of V.
+// `policy`: the L2 policy of the copies (GD_ATTN_KV_EVICT_FIRST), made once per work item.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkItem& w, int key0,
-                                              T* sK, T* sV, int i) {
+                                              T* sK, T* sV, int i, std::uint64_t policy) {
   using C = TileConfig<kHeadDim>;
   const int row = i / C::kChunksPerRow;
   const int ch = i % C::kChunksPerRow;
@@ -98,7 +99,6 @@ __device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkI
   }
   const int s = swizzled_offset<kHeadDim>(row, ch);
 #if GD_ATTN_KV_EVICT_FIRST
-  const std::uint64_t policy = l2_evict_first_policy();
   cp_async_16_policy(sK + s, static_cast<const T*>(p.kv.k) + off, valid, policy);
   cp_async_16_policy(sV + s, static_cast<const T*>(p.kv.v) + off, valid, policy);
 #else
@@ -109,17 +109,19 @@ __device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkI
 
 // (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
 // the per-copy form lets the compiler overlap each lookup with the previous copies.)
+// Two loops: a count in `#pragma unroll(...)` would also change the compiler's own unrolling of
+// the extend layout's loop.
 template <typename T, int kHeadDim, bool kRolled>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
-                                             T* sK, T* sV) {
+                                             T* sK, T* sV, std::uint64_t policy) {
   constexpr int kPieces = kBlockN * TileConfig<kHeadDim>::kChunksPerRow;
   if constexpr (kRolled) {
 #pragma unroll 1
     for (int i = threadIdx.x; i < kPieces; i += kThreads)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i);
+      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
   } else {
     for (int i = threadIdx.x; i < kPieces; i += kThreads)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i);
+      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
   }
 }
 
@@ -209,6 +211,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 #pragma unroll
   for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const std::uint64_t kv_policy = GD_ATTN_KV_EVICT_FIRST ? l2_evict_first_policy() : 0;
 
   // The first kStages - 1 iterations only fill the pipeline: one load site keeps the code small
   // (every CTA fetches it cold; at small batch a CTA runs 1-2 tiles, so code is the latency).
@@ -221,7 +224,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
         const int st = nxt % C::kStages;
         load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN,
                                            sK + st * kBlockN * kHeadDim,
-                                           sV + st * kBlockN * kHeadDim);
+                                           sV + st * kBlockN * kHeadDim, kv_policy);
       }
       cp_async_commit();
     }

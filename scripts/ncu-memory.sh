@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Memory-system counters of our attention kernel and of the SDPA-flash peer's split kernel on the
 # same decode shape (ncu, clocks not locked): time, DRAM bytes and throughput, L2 traffic and hit
-# rate, instructions. Tells a difference in bytes moved from one in how well they stream.
+# rate, instructions; for the peer also its launch (grid, block, registers, shared memory, waves).
+# Tells a difference in bytes moved from one in how well they stream.
 #   scripts/ncu-memory.sh BUILD_DIR B L
 set -uo pipefail
 build=$1 b=$2 l=$3
@@ -16,7 +17,8 @@ ncu --clock-control none --graph-profiling node --kernel-name regex:attention_ke
   "$build/bench/bench_attention" --shape "$b,$l" --reps 50 2>&1 | grep -E "^\s+(gpu__|dram__|lts__|smsp__|sm__|l1tex__)"
 echo "=== SDPA-flash: flash_fwd_splitkv_kernel, B=$b L=$l"
 ncu --clock-control none --kernel-name regex:flash_fwd_splitkv_kernel --launch-skip 2 \
-  --launch-count 2 --metrics "$metrics" python3 - "$b" "$l" <<'PY' 2>&1 |
+  --launch-count 1 --section LaunchStats --section Occupancy --metrics "$metrics" \
+  python3 - "$b" "$l" <<'PY' 2>&1 |
 import sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -31,4 +33,4 @@ with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 torch.cuda.synchronize()
 PY
-  grep -E "^\s+(gpu__|dram__|lts__|smsp__|sm__|l1tex__)"
+  grep -E "^\s+(gpu__|dram__|lts__|smsp__|sm__|l1tex__)|Grid Size|Block Size|Registers Per|Dynamic Shared|Waves Per SM|Theoretical Occ"
