@@ -3,7 +3,8 @@
 # compile-time variants on bench_attention, and ncu stall profiles of chosen shapes.
 #   GD_AB_ARGS="--small-batch" GD_PROFILE="0:1,512 1:1,512" \
 #     scripts/attn-experiment.sh "" "-DGD_ATTN_MIN_SPLIT=64" ...
-# GD_PROFILE entries are VARIANT_INDEX:B,L[,N]. Everything lands in $OUT (logs packed in a tar).
+# GD_PROFILE entries are VARIANT_INDEX:B,L[,N]. GD_TEST_DEFS: compile definitions of the test
+# build (e.g. "-DGD_ATTN_TMA=1"). Everything lands in $OUT (logs packed in a tar).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -13,7 +14,7 @@ logs=$(mktemp -d)
 tests="test_attention_decode_gpu test_attention_extend_gpu test_attention_cross_gpu
   test_attention_merge_gpu test_attention_determinism_gpu test_attention_graph_gpu test_attention_planning_gpu"
 ( cmake -S . -B build-t -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    > "$logs/tests-build.log" 2>&1 && ninja -j8 -C build-t $tests >> "$logs/tests-build.log" 2>&1 ||
+    "-DCMAKE_CUDA_FLAGS=${GD_TEST_DEFS:-}" > "$logs/tests-build.log" 2>&1 && ninja -j8 -C build-t $tests >> "$logs/tests-build.log" 2>&1 ||
     echo "test build FAILED" ) &
 bash scripts/ab-attention.sh "${GD_AB_ARGS:---small-batch}" "$@" > "$logs/ab.txt" 2>&1
 wait
