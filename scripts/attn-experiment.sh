@@ -4,7 +4,7 @@
 #   GD_AB_ARGS="--small-batch" GD_PROFILE="0:1,512 1:1,512" \
 #     scripts/attn-experiment.sh "" "-DGD_ATTN_MIN_SPLIT=64" ...
 # GD_PROFILE entries are VARIANT_INDEX:B,L[,N]. GD_TEST_DEFS: compile definitions of the test
-# build (e.g. "-DGD_ATTN_TMA=1"). Everything lands in $OUT (logs packed in a tar).
+# build (e.g. "-DGD_ATTN_STAGES=2"). Everything lands in $OUT (logs packed in a tar).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH

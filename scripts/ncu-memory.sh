@@ -26,10 +26,8 @@ b, l = int(sys.argv[1]), int(sys.argv[2])
 q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(b, 8, l, 128, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
-flush = torch.empty(400 << 20, dtype=torch.uint8, device="cuda")
-with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # ncu flushes the caches before each kernel
     for _ in range(5):
-        flush.zero_()
         F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 torch.cuda.synchronize()
 PY
