@@ -6,7 +6,8 @@
 // 32 KB of K and 32 KB of V (FA2's order), 2 = all K then all V, 3 = mode 0 with K and V pieces in
 // separate loops. Modes 4-7: the paged pool of bench_attention (page 16, [page][head][16][128]),
 // 64-key tiles, a page-table lookup per 16-byte piece, swizzled shared-memory rows, shuffled or
-// in-order pages, with or without the kernel's L2 evict-first policy. Then three recorded runs of
+// in-order pages, with or without the kernel's L2 evict-first policy; mode 8 = mode 6 with the
+// attention kernel's 112 KB of shared memory per CTA (96 KB otherwise). Then three recorded runs of
 // mode 6: when each CTA ends, to compare with the kernel's trace (scripts/trace-summary.py).
 //   build/bench/probe_stream_order      (median of 50 runs per mode, modes interleaved)
 #include <cuda_runtime.h>
@@ -158,7 +159,10 @@ int main() {
   CK(set(stream<2>));
   CK(set(stream<3>));
   CK(set(stream_paged<false>));
-  CK(set(stream_paged<true>));
+  // The attention kernel's footprint at d128: Q (64 rows) + 3 stages of K and V = 112 KB per CTA.
+  constexpr int kKernelSmem = 2 * (64 * 128 + 2 * kStages * 64 * 128);
+  CK(cudaFuncSetAttribute(stream_paged<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          kKernelSmem));
   // Page tables: 8 requests x 2048 pages; shuffled (the bench's default) and in order.
   const int pages = 8 * 2048;
   std::vector<int> order(pages), shuffled(pages);
@@ -176,7 +180,7 @@ int main() {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  constexpr int kModes = 8;
+  constexpr int kModes = 9;
   const char* names[kModes] = {"K+V each step (ours)",
                                "K / V alternating steps (FA2)",
                                "all K then all V",
@@ -184,7 +188,8 @@ int main() {
                                "paged 16, shuffled",
                                "paged 16, in order",
                                "paged 16, shuffled, evict-first",
-                               "paged 16, in order, evict-first"};
+                               "paged 16, in order, evict-first",
+                               "mode 6, 112 KB shared memory per CTA"};
   std::vector<std::vector<float>> t(kModes);
   for (int rep = 0; rep < 60; ++rep) {
     for (int mode = 0; mode < kModes; ++mode) {  // interleaved, so clocks and heat hit all alike
@@ -197,6 +202,7 @@ int main() {
       if (mode == 5) stream_paged<false><<<ctas, kThreads, smem>>>(k, v, pt_ord);
       if (mode == 6) stream_paged<true><<<ctas, kThreads, smem>>>(k, v, pt_shuf);
       if (mode == 7) stream_paged<true><<<ctas, kThreads, smem>>>(k, v, pt_ord);
+      if (mode == 8) stream_paged<true><<<ctas, kThreads, kKernelSmem>>>(k, v, pt_shuf);
       CK(cudaGetLastError());
       CK(cudaEventRecord(b));
       CK(cudaEventSynchronize(b));
