@@ -17,6 +17,10 @@
 #include <cstdio>
 #include <vector>
 
+#include "attention/mma_utils.cuh"  // the kernel's own copy helpers, so the same instructions
+
+using namespace graphdecode::attn;
+
 #define CK(x)                                                               \
   do {                                                                      \
     cudaError_t e = (x);                                                    \
@@ -28,11 +32,19 @@
 
 constexpr int kThreads = 128, kStages = 3, kStep = 32768;  // bytes per pipeline step
 
-__device__ __forceinline__ void cp16(unsigned s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
+// A plain 16-byte copy (no src-size operand, no L2 policy): the copy form of modes 0-5.
+__device__ __forceinline__ void cp16(void* smem, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(g));
 }
-__device__ __forceinline__ unsigned saddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+
+// End of pipeline step `it`: commit its copies; from the first tile on, wait for tile `it` (the
+// next kStages - 1 stay in flight) and sync twice per tile as the attention kernel does.
+__device__ __forceinline__ void finish_step(int it) {
+  cp_async_commit();
+  if (it < 0) return;
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  __syncthreads();  // (the data is dropped: the copies are volatile asm, so they stay)
 }
 
 template <int kMode>
@@ -50,14 +62,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         const std::int64_t off = static_cast<std::int64_t>(nxt) * (kStep / 2);
         if (kMode == 0) {
           for (int i = threadIdx.x; i < kStep / 32; i += kThreads) {
-            cp16(saddr(dst + i * 16), kb + off + i * 16);
-            cp16(saddr(dst + kStep / 2 + i * 16), vb + off + i * 16);
+            cp16(dst + i * 16, kb + off + i * 16);
+            cp16(dst + kStep / 2 + i * 16, vb + off + i * 16);
           }
         } else {
           for (int i = threadIdx.x; i < kStep / 32; i += kThreads)
-            cp16(saddr(dst + i * 16), kb + off + i * 16);
+            cp16(dst + i * 16, kb + off + i * 16);
           for (int i = threadIdx.x; i < kStep / 32; i += kThreads)
-            cp16(saddr(dst + kStep / 2 + i * 16), vb + off + i * 16);
+            cp16(dst + kStep / 2 + i * 16, vb + off + i * 16);
         }
       } else {
         const char* src;
@@ -66,22 +78,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         else
           src = nxt < steps / 2 ? kb + static_cast<std::int64_t>(nxt) * kStep
                                 : vb + static_cast<std::int64_t>(nxt - steps / 2) * kStep;
-        for (int i = threadIdx.x; i < kStep / 16; i += kThreads)
-          cp16(saddr(dst + i * 16), src + i * 16);
+        for (int i = threadIdx.x; i < kStep / 16; i += kThreads) cp16(dst + i * 16, src + i * 16);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-    if (it < 0) continue;
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));
-    __syncthreads();
-    __syncthreads();  // (the data is dropped: the copies are volatile asm, so they stay)
+    finish_step(it);
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  cp_async_wait<0>();
 }
 
-// Paged: K/V pools [page][8 heads][16 rows][256 B], CTA c = (request c / 32, head (c / 4) % 8,
-// chunk c % 4 of 8192 keys), our work order; page of (request, i) = pt[request * 2048 + i].
-// kEvict: the L2 evict-first policy and the zero-fill (src-size) form, as in the kernel.
 __device__ __forceinline__ std::uint64_t now_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -93,6 +97,9 @@ __device__ __forceinline__ unsigned sm_id() {
   return s;
 }
 
+// Paged: K/V pools [page][8 heads][16 rows][256 B], CTA c = (request c / 32, head (c / 4) % 8,
+// chunk c % 4 of 8192 keys), our work order; page of (request, i) = pt[request * 2048 + i].
+// kEvict: the L2 evict-first policy and the zero-fill (src-size) form, as in the kernel.
 // rec (optional): per CTA {start ns, end ns, SM id}.
 template <bool kEvict>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -101,8 +108,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const std::uint64_t t0 = now_ns();
   const int c = blockIdx.x, r = c / 32, h = (c / 4) % 8, key_base = (c % 4) * 8192;
   const int steps = 8192 / 64;
-  std::uint64_t pol = 0;
-  if (kEvict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  const std::uint64_t pol = kEvict ? l2_evict_first_policy() : 0;
   for (int it = 1 - kStages; it < steps; ++it) {
     const int nxt = it + kStages - 1;
     if (nxt < steps) {
@@ -113,27 +119,20 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int page = pt[r * 2048 + key / 16];
         const std::int64_t off =
             ((static_cast<std::int64_t>(page) * 8 + h) * 16 + key % 16) * 256 + ch * 16;
-        const int so = row * 256 + ((ch ^ (row & 7)) << 4);
+        // The kernel's swizzle (2-byte elements, d128), in bytes.
+        const int so = 2 * swizzled_offset<128>(row, ch);
         if (kEvict) {
-          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                           saddr(dst + so)),
-                       "l"(k + off), "r"(16), "l"(pol));
-          asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                           saddr(dst + 16384 + so)),
-                       "l"(v + off), "r"(16), "l"(pol));
+          cp_async_16_policy(dst + so, k + off, true, pol);
+          cp_async_16_policy(dst + 16384 + so, v + off, true, pol);
         } else {
-          cp16(saddr(dst + so), k + off);
-          cp16(saddr(dst + 16384 + so), v + off);
+          cp16(dst + so, k + off);
+          cp16(dst + 16384 + so, v + off);
         }
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-    if (it < 0) continue;
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));
-    __syncthreads();
-    __syncthreads();  // (the data is dropped: the copies are volatile asm, so they stay)
+    finish_step(it);
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  cp_async_wait<0>();
   if (rec != nullptr && threadIdx.x == 0) {
     rec[3 * blockIdx.x] = t0;
     rec[3 * blockIdx.x + 1] = now_ns();
