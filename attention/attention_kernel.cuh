@@ -125,6 +125,31 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
   }
 }
 
+// Waits for the kernel before this one in the stream (PDL: its completion and memory; a no-op
+// without PDL), then lets the kernel after this one be scheduled. Triggering only after the wait
+// keeps the promise PriorWrites::kQueryAndNewKv relies on: when a dependent of this kernel starts,
+// every kernel before this one has completed.
+__device__ __forceinline__ void grid_dependency_sync() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Early start (p.early_kv): the pieces of a tile whose key is (`inside`) or is not (!`inside`) in
+// [lo, hi), i.e. the rows the kernel before may still be writing, or every other row.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void load_kv_tile_part(const KernelParams& p, const WorkItem& w,
+                                                  int key0, T* sK, T* sV, std::uint64_t policy,
+                                                  int lo, int hi, bool inside) {
+  using C = TileConfig<kHeadDim>;
+  constexpr int kPieces = kBlockN * C::kChunksPerRow;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < kPieces; i += kThreads) {
+    const int key = key0 + i / C::kChunksPerRow;
+    if ((key >= lo && key < hi) == inside)
+      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
+  }
+}
+
 // Writes one finished row (normalized o, lse in log2 domain) to out/lse or to the partials.
 template <typename T>
 __device__ __forceinline__ void store_row_pair(const KernelParams& p, const WorkItem& w, int row,
@@ -173,7 +198,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   const int g = lane / 4, t4 = lane % 4;
 
   // Q tile: row R = (token R / group, head kv_head * group + R % group).
-  {
+  const auto load_q = [&] {
     const T* Q = static_cast<const T*>(p.q);
     for (int i = threadIdx.x; i < kQRows * C::kChunksPerRow; i += kThreads) {
       const int row = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
@@ -187,7 +212,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       }
       cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
     }
-  }
+  };
 
   // Visible key range of this thread's two rows (g and g + 8 of the warp's 16).
   int row_lo[2], row_hi[2];
@@ -215,21 +240,43 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 
   // The first kStages - 1 iterations only fill the pipeline: one load site keeps the code small
   // (every CTA fetches it cold; at small batch a CTA runs 1-2 tiles, so code is the latency).
-  // The first commit group also carries Q.
+  // The first commit group also carries Q. Early start (p.early_kv): those tiles hold every key
+  // but this step's new rows [new_begin, ke), copied before the wait; at it = 0 the wait, then one
+  // group with Q and the new rows, so tile 0 needs all but the newest group.
+  const bool early = p.early_kv;
+  const int new_begin = p.call.causal ? max(w.kb, w.kv_len - w.q_len) : w.kb;
+  if (!early) load_q();
 #pragma unroll 1
   for (int it = 1 - C::kStages; it < n_tiles; ++it) {
+    if (early && it == 0) {
+      grid_dependency_sync();
+      load_q();
+      for (int t = 0; t < C::kStages - 1 && t < n_tiles; ++t)
+        load_kv_tile_part<T, kHeadDim>(p, w, key_begin + t * kBlockN, sK + t * kBlockN * kHeadDim,
+                                       sV + t * kBlockN * kHeadDim, kv_policy, new_begin, w.ke,
+                                       true);
+      cp_async_commit();
+    }
     {
       const int nxt = it + C::kStages - 1;
       if (nxt < n_tiles) {
         const int st = nxt % C::kStages;
-        load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN,
-                                           sK + st * kBlockN * kHeadDim,
-                                           sV + st * kBlockN * kHeadDim, kv_policy);
+        T* k_dst = sK + st * kBlockN * kHeadDim;
+        T* v_dst = sV + st * kBlockN * kHeadDim;
+        if (early && it < 0)
+          load_kv_tile_part<T, kHeadDim>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst, kv_policy,
+                                         new_begin, w.ke, false);
+        else
+          load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
+                                             kv_policy);
       }
       cp_async_commit();
     }
     if (it < 0) continue;
-    cp_async_wait<C::kStages - 1>();
+    if (early && it == 0)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<C::kStages - 1>();
     __syncthreads();
     if (it == 0) GD_TRACE_POINT(2);
     const int st = it % C::kStages;
@@ -319,6 +366,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
   cp_async_wait<0>();
   __syncthreads();
+  if (early && n_tiles == 0) grid_dependency_sync();  // before the first write
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
@@ -481,15 +529,16 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   WorkItem w;
   GD_TRACE_POINT(0);
   // Launched as a programmatic dependent (PDL) of the kernel before it (the planner, a layer's
-  // other kernels): wait for its completion and writes before the first global access. (A no-op
-  // when launched without PDL.)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // Let a kernel launched behind this one as a programmatic dependent be scheduled: its CTAs
-  // take SM slots as ours exit and then wait for this grid's completion (griddepcontrol.wait).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // other kernels): wait for its completion and writes before the first global access, then let
+  // the kernel behind this one be scheduled (its CTAs take SM slots as ours exit). With p.early_kv
+  // the wait comes later, in attend(), once the copies that may precede it are issued. Every CTA
+  // waits before it triggers, even one with no work: PriorWrites::kQueryAndNewKv relies on it.
+  if (!p.early_kv) grid_dependency_sync();
   if (!(p.self_plan ? self_planned_work_item(p, blockIdx.x, w)
-                    : planned_work_item(p, blockIdx.x, w)))
+                    : planned_work_item(p, blockIdx.x, w))) {
+    if (p.early_kv) grid_dependency_sync();
     return;
+  }
   GD_TRACE_POINT(1);
   GD_TRACE_ITEM(w);
   T* sQ = reinterpret_cast<T*>(smem);

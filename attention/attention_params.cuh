@@ -82,6 +82,9 @@ struct KernelParams {
   // Standalone run() with max_batch <= kThreads: no planner launch; every CTA plans the batch
   // itself from `call` (the plan buffers are neither read nor written).
   bool self_plan;
+  // PriorWrites::kQueryAndNewKv in causal mode: the work item, the page table and K/V rows of keys
+  // < kv_len - q_len are read before griddepcontrol.wait; q and newer rows after it.
+  bool early_kv;
 };
 
 // Window of a call: < 0 means full attention (also for cross mode and a null pointer).

@@ -46,6 +46,11 @@ void enable_smem() {
 #ifndef GD_ATTN_PDL
 #define GD_ATTN_PDL 1
 #endif
+// run_planned(..., PriorWrites::kQueryAndNewKv) reads the work item and the older K/V tiles before
+// that wait (0: it waits first anyway; an A/B knob).
+#ifndef GD_ATTN_EARLY_KV
+#define GD_ATTN_EARLY_KV 1
+#endif
 template <typename T, int kHeadDim>
 void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
@@ -193,13 +198,14 @@ void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) cons
 }
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                                 void* out, float* lse, cudaStream_t stream) const {
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, stream);
+                                 void* out, float* lse, cudaStream_t stream,
+                                 PriorWrites prior) const {
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, prior, stream);
 }
 
 void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
                                       const void* q, void* out, float* lse, bool self_plan,
-                                      cudaStream_t stream) const {
+                                      PriorWrites prior, cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
@@ -215,6 +221,8 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   GD_REQUIRE(static_cast<long long>(kv.max_pages_per_slot) * kv.page_size >= c.max_kv_len,
              "kv.max_pages_per_slot", kv.max_pages_per_slot,
              "page table rows are shorter than max_kv_len");
+  GD_REQUIRE(prior == PriorWrites::kAnything || prior == PriorWrites::kQueryAndNewKv, "prior",
+             static_cast<int>(prior), "unknown PriorWrites value");
 
   kp.q = q;
   kp.out = out;
@@ -228,6 +236,8 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.self_plan = self_plan;
+  kp.early_kv =
+      GD_ATTN_EARLY_KV && prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
     launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
   });
@@ -239,11 +249,11 @@ void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, con
 #define GD_ATTN_SELF_PLAN 1
 #endif
   if (GD_ATTN_SELF_PLAN && config_.max_batch <= attn::kThreads) {  // a CTA plans it by itself
-    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, stream);
+    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, PriorWrites::kAnything, stream);
     return;
   }
   plan(batch, stream);
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, PriorWrites::kAnything, stream);
 }
 
 }  // namespace graphdecode

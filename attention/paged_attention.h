@@ -39,6 +39,22 @@ struct PlanParams;
 
 enum class AttentionMode : std::uint8_t { kCausal = 0, kCross = 1 };
 
+// What the kernel launched just before a run_planned() call on the same stream may still be
+// writing when the attention kernel starts. (The attention kernel is a programmatic dependent,
+// PDL: its CTAs may become resident while that kernel runs, and wait for it before reading.)
+enum class PriorWrites : std::uint8_t {
+  // Anything this call reads: the kernel waits for it before its first global read (default).
+  kAnything = 0,
+  // Of what this call reads, only q and the K/V rows of this step's new tokens (keys >=
+  // kv_len - q_len): e.g. a rope + KV-append kernel, or the previous layer's attention. The
+  // kernel then reads its work item, the page table and the K/V tiles of older keys before it
+  // waits, overlapping that kernel's tail. Also required: every kernel before that one had
+  // completed when it started (it was launched without programmatic dependence, or it triggers
+  // its dependents only after its own griddepcontrol.wait, as graphdecode's kernels do).
+  // Ignored in cross mode (encoder K/V may be written in the same step).
+  kQueryAndNewKv = 1,
+};
+
 // Per-step batch description. Every pointer is DEVICE memory, so a captured graph reads whatever
 // the prep kernels wrote there at replay.
 struct AttentionBatch {
@@ -82,9 +98,11 @@ class PagedAttention {
   // run() in two halves, for a model: plan() derives the work plan of a step once (one small
   // kernel), then every layer of this attention kind calls run_planned() with the same `batch`
   // (same lengths and window; the K/V view, q and out change per layer). Both capture in a graph.
+  // `prior`: see PriorWrites (a call right behind plan() must keep kAnything).
   void plan(const AttentionBatch& batch, cudaStream_t stream) const;
   void run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out,
-                   float* lse, cudaStream_t stream) const;
+                   float* lse, cudaStream_t stream,
+                   PriorWrites prior = PriorWrites::kAnything) const;
 
   const AttentionConfig& config() const noexcept { return config_; }
   std::size_t workspace_bytes() const noexcept;
@@ -95,7 +113,8 @@ class PagedAttention {
   attn::PlanParams plan_params(const AttentionBatch& batch) const;
   // self_plan: no plan kernel, every CTA plans the batch itself; else the plan is in place.
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                        void* out, float* lse, bool self_plan, cudaStream_t stream) const;
+                        void* out, float* lse, bool self_plan, PriorWrites prior,
+                        cudaStream_t stream) const;
   AttentionConfig config_;
   std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
   std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs

@@ -219,7 +219,10 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
         PagedKvView layer_kv = kv;
         layer_kv.k = ks[i].data();
         layer_kv.v = vs[i].data();
-        attn.run_planned(batch, layer_kv, q.data(), out.data(), nullptr, s);
+        // Behind the previous layer's attention (it writes out and the partials only), a layer
+        // reads its work and K/V while that one finishes; the first one is right behind plan().
+        attn.run_planned(batch, layer_kv, q.data(), out.data(), nullptr, s,
+                         i == 0 ? PriorWrites::kAnything : PriorWrites::kQueryAndNewKv);
       }
     });
     graphs.push_back(&in_step);

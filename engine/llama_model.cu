@@ -166,8 +166,10 @@ void LlamaModel::attention_block(std::int32_t l, std::int32_t rows, const Attent
   e.max_slots = pool.config().geometry.max_slots;
   e.slot = m.token_slot;
   qkv_epilogue(e, stream);
+  // qkv_epilogue writes q and this step's K/V rows only: the attention kernel may read its plan
+  // and the older K/V while it runs.
   attention_[static_cast<int>(kind)]->run_planned(batch, view, q_.data(), attn_.data(), nullptr,
-                                                  stream);
+                                                  stream, PriorWrites::kQueryAndNewKv);
   gemm_.run({attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}, stream);
   if (w.o_bias != nullptr) {
     AddBiasArgs b;

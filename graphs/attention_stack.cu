@@ -267,8 +267,11 @@ void AttentionStack::enqueue(const StepShape& shape, cudaStream_t stream) {
       w.position = m.token_position;
       write_new_kv(w, stream);
     }
-    attention_[static_cast<int>(kind)]->run_planned(batch_of(kind), view, q_.data(), out_.data(),
-                                                    nullptr, stream);
+    // Self layers: write_new_kv (this step's K/V rows) is the kernel right before. Cross layers:
+    // layer_input (q); kQueryAndNewKv is ignored in cross mode anyway.
+    attention_[static_cast<int>(kind)]->run_planned(
+        batch_of(kind), view, q_.data(), out_.data(), nullptr, stream,
+        self ? PriorWrites::kQueryAndNewKv : PriorWrites::kAnything);
   }
   layer_input(layers, kAccumulate, shape, stream);
 }

@@ -12,7 +12,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 logs=$(mktemp -d)
 tests="test_attention_decode_gpu test_attention_extend_gpu test_attention_cross_gpu
-  test_attention_merge_gpu test_attention_determinism_gpu test_attention_graph_gpu test_attention_planning_gpu"
+  test_attention_merge_gpu test_attention_determinism_gpu test_attention_graph_gpu test_attention_planning_gpu test_attention_early_gpu"
 ( cmake -S . -B build-t -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     "-DCMAKE_CUDA_FLAGS=${GD_TEST_DEFS:-}" > "$logs/tests-build.log" 2>&1 && ninja -j8 -C build-t $tests >> "$logs/tests-build.log" 2>&1 ||
     echo "test build FAILED" ) &

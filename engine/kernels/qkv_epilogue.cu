@@ -34,6 +34,10 @@ constexpr int kMaxGridY = 65535;
 // [d/2 + 8j, d/2 + 8j + 8) of its head. Heads in qkv order: q [0, hq), k, then v.
 __global__ void __launch_bounds__(kThreads)
     qkv_epilogue_kernel(const __grid_constant__ QkvEpilogueArgs a) {
+  // The attention launch behind this one (PDL) may start now and read older K/V while this runs
+  // (PriorWrites::kQueryAndNewKv; as in write_kv_kernel: launched without PDL, so everything
+  // before this kernel has completed).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int row = blockIdx.x;
   if (row >= *a.num_rows) return;
   __shared__ float s_cos[kMaxHalf], s_sin[kMaxHalf];
