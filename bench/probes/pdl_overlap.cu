@@ -3,7 +3,7 @@
 // the primary's write (they read the flag as 0 before their griddepcontrol.wait).
 // Cases vary the primary's launch (plain <<<>>> / with the PDL attribute itself), the secondary's
 // shared memory (0 / 112 KB per CTA) and whether the primary's carveout prefers shared memory.
-//   nvcc -std=c++20 -arch=sm_90a -O2 bench/probes/pdl_overlap.cu -o pdl && ./pdl
+//   target probe_pdl_overlap (or nvcc -std=c++20 -arch=sm_90a -O2 bench/probes/pdl_overlap.cu)
 #include <cuda_runtime.h>
 
 #include <cstdio>
