@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
       std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 __global__ void primary(int* flag, long long delay_ns) {
@@ -72,8 +72,9 @@ int main() {
           int h = -1;
           CK(cudaMemcpyAsync(&h, early, 4, cudaMemcpyDeviceToHost, s));
           CK(cudaStreamSynchronize(s));
-          std::printf("primary %-5s %2d CTAs carveout %4d | secondary smem %6d: %3d of 264 CTAs early\n",
-                      pdl_primary ? "PDL" : "plain", pblocks, carve, smem, h);
+          std::printf(
+              "primary %-5s %2d CTAs carveout %4d | secondary smem %6d: %3d of 264 CTAs early\n",
+              pdl_primary ? "PDL" : "plain", pblocks, carve, smem, h);
         }
   return 0;
 }

@@ -9,9 +9,8 @@
 // Overlap check (not under compute-sanitizer, which serializes kernels): an OLDER row written late
 // IS read stale by some rows, i.e. the kernel really runs ahead of its predecessor, so the tests
 // above exercise the early path rather than passing because the launches happened to serialize.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -153,8 +152,7 @@ void check_early(const EarlyCase& c, bool deterministic, Rng& rng) {
   dev.poison_outputs(stream);
   step();
   const Outputs eager = download(dev, host.total_q(), stream);
-  EXPECT_TRUE(bitwise_equal(eager, 0, in_order, 0, host.total_q(), row_elems,
-                            c.shape.num_q_heads))
+  EXPECT_TRUE(bitwise_equal(eager, 0, in_order, 0, host.total_q(), row_elems, c.shape.num_q_heads))
       << "early start (eager) != in-order launch, " << what;
   EXPECT_TRUE(matches_reference(host.reference(), eager.out, &eager.lse, c.shape.dtype))
       << "early start (eager) vs reference, " << what;
@@ -165,8 +163,8 @@ void check_early(const EarlyCase& c, bool deterministic, Rng& rng) {
     dev.poison_outputs(stream);
     graph.launch(stream);
     const Outputs replayed = download(dev, host.total_q(), stream);
-    EXPECT_TRUE(bitwise_equal(replayed, 0, in_order, 0, host.total_q(), row_elems,
-                              c.shape.num_q_heads))
+    EXPECT_TRUE(
+        bitwise_equal(replayed, 0, in_order, 0, host.total_q(), row_elems, c.shape.num_q_heads))
         << "early start (graph replay " << rep << ") != in-order launch, " << what;
   }
 }
@@ -193,13 +191,14 @@ TEST_P(AttentionEarly, Decode) {
 TEST_P(AttentionEarly, ExtendAndSlidingWindow) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
-  check_early({kLlama, extend_reqs(rng, 7, 1, 40, 0, 3000)}, GetParam(), rng);  // verify / v2
+  check_early({kLlama, extend_reqs(rng, 7, 1, 40, 0, 3000)}, GetParam(), rng);     // verify / v2
   check_early({kLlama, extend_reqs(rng, 3, 100, 300, 0, 2000)}, GetParam(), rng);  // extend layout
-  check_early({kLlama, {{1, 130}, {5, 64}, {3, 3}}, 15}, GetParam(), rng);  // window = page - 1
+  check_early({kLlama, {{1, 130}, {5, 64}, {3, 3}}, 15}, GetParam(), rng);   // window = page - 1
   check_early({kLlama, decode_reqs(rng, 10, 1, 4000), 0}, GetParam(), rng);  // only new keys
   check_early({kLlama, extend_reqs(rng, 5, 1, 90, 0, 3000), 70}, GetParam(), rng);
   check_early({{32, 8, 128, 64, DType::kFP16, AttentionMode::kCausal},
-               extend_reqs(rng, 6, 1, 20, 0, 5000), 1000},
+               extend_reqs(rng, 6, 1, 20, 0, 5000),
+               1000},
               GetParam(), rng);
 }
 
@@ -237,9 +236,8 @@ TEST_F(AttentionEarlyOverlap, OlderRowsWrittenLateAreReadStale) {
   dev.upload(host, stream);
   const PagedAttention attn(host.config());
   const reference::AttentionResult ref = host.reference();
-  const std::vector<Piece> old_row =
-      step_pieces(host, dev, /*with_q=*/false, [](std::int32_t) { return 0; },
-                  [](std::int32_t) { return 1; });
+  const std::vector<Piece> old_row = step_pieces(
+      host, dev, /*with_q=*/false, [](std::int32_t) { return 0; }, [](std::int32_t) { return 1; });
   DeviceBuffer<Piece> d_old(old_row.size());
   d_old.upload(old_row.data(), old_row.size(), stream);
   const int n = static_cast<int>(old_row.size());
@@ -265,8 +263,8 @@ TEST_F(AttentionEarlyOverlap, OlderRowsWrittenLateAreReadStale) {
       const char* mode = replay ? "graph replay" : "eager";
       if (prior == PriorWrites::kAnything) {
         EXPECT_EQ(stale_rows, 0) << mode << ": the default launch must wait for the late writer";
-        EXPECT_TRUE(matches_reference(ref, dev.download_out(host.total_q(), stream), &lse,
-                                      kLlama.dtype))
+        EXPECT_TRUE(
+            matches_reference(ref, dev.download_out(host.total_q(), stream), &lse, kLlama.dtype))
             << mode;
       } else if (replay) {
         EXPECT_GT(stale_rows, 0) << "with kQueryAndNewKv the CTAs that start early copy key 0 "
