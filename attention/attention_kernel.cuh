@@ -23,6 +23,7 @@
 #include "attention/attention_trace.cuh"
 #include "attention/mma_utils.cuh"
 #include "attention/work_item.cuh"
+#include "common/pdl.cuh"
 #include "common/request_rules.h"
 
 namespace graphdecode::attn {
@@ -125,13 +126,11 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
   }
 }
 
-// Waits for the kernel before this one in the stream (PDL: its completion and memory; a no-op
-// without PDL), then lets the kernel after this one be scheduled. Triggering only after the wait
-// keeps the promise PriorWrites::kQueryAndNewKv relies on: when a dependent of this kernel starts,
-// every kernel before this one has completed.
+// Waits for the kernel before this one in the stream, then lets the kernel after this one be
+// scheduled: in that order, as common/pdl.cuh's promise asks of a PDL-launched kernel.
 __device__ __forceinline__ void grid_dependency_sync() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
 }
 
 // Early start (p.early_kv): the pieces of a tile whose key is (`inside`) or is not (!`inside`) in

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "attention/attention_params.cuh"
+#include "common/pdl.cuh"
 #include "common/request_rules.h"
 
 namespace graphdecode::attn {
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
   __shared__ int s_sum[kPlanThreads / 32];
   __shared__ int s_first_item[kPlanThreads + 1];  // work items of this round's requests, by request
   // The attention kernel may be scheduled now (PDL); it waits for this grid's writes itself.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
   const int n = read_num_requests(p.batch, p.max_batch);
   const int window = read_window(p.batch, p.causal);
   // Up to kPlanThreads requests (the common case) are read once and kept in registers.

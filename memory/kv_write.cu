@@ -3,6 +3,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/pdl.cuh"
 #include "memory/kv_write.h"
 
 namespace graphdecode {
@@ -35,11 +36,10 @@ struct KvWriteParams {
 // warp reads a contiguous run of k_new and writes contiguous runs of a head's row in its page.
 __global__ void __launch_bounds__(kWriteThreads)
     write_kv_kernel(const __grid_constant__ KvWriteParams p) {
-  // An attention launch behind this one (a programmatic dependent, PDL) may start now: it waits
-  // for this grid before reading what it writes, and with PriorWrites::kQueryAndNewKv reads only
-  // older K/V before that. Launched without PDL, this kernel starts after everything before it
-  // has completed, so triggering at once keeps that promise.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // An attention launch behind this one (PDL) may start now: it waits for this grid before
+  // reading what it writes, and with PriorWrites::kQueryAndNewKv reads only older K/V before
+  // that. Launched without PDL, this kernel may trigger at once (common/pdl.cuh).
+  pdl_launch_dependents();
   const std::int64_t vecs_per_token = static_cast<std::int64_t>(p.num_kv_heads) * p.vecs_per_head;
   const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWriteThreads + threadIdx.x;
   const std::int32_t n = min(max(*p.num_tokens, 0), p.max_tokens);

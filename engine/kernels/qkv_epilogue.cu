@@ -14,6 +14,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/pdl.cuh"
 #include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/qkv_epilogue.h"
 
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
   // The attention launch behind this one (PDL) may start now and read older K/V while this runs
   // (PriorWrites::kQueryAndNewKv; as in write_kv_kernel: launched without PDL, so everything
   // before this kernel has completed).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
   const int row = blockIdx.x;
   if (row >= *a.num_rows) return;
   __shared__ float s_cos[kMaxHalf], s_sin[kMaxHalf];

@@ -22,6 +22,7 @@
 #include "attention_check.h"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
+#include "common/pdl.cuh"
 #include "common/stream.h"
 #include "graphs/cuda_graph.h"
 #include "memory/kv_layout.h"
@@ -41,7 +42,7 @@ struct Piece {
 // poison: every destination gets all-ones bits (NaN in bf16 / fp16). Else the true values, after
 // `delay_ns`, with the dependents (the attention launch) released at once.
 __global__ void late_writer(const Piece* pieces, int n, bool poison, long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch_dependents();
   if (!poison && delay_ns > 0) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -58,7 +59,7 @@ void launch_writer(const DeviceBuffer<Piece>& pieces, int n, bool poison, long l
                    cudaStream_t stream) {
   if (n == 0) return;
   late_writer<<<64, 256, 0, stream>>>(pieces.data(), n, poison, delay_ns);
-  GD_CUDA(cudaGetLastError());
+  GD_CHECK_LAUNCH();
 }
 
 // The 16-byte pieces of rows [begin(r), end(r)) of every request's K and V, and of all of q.
