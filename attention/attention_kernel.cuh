@@ -50,6 +50,15 @@ namespace graphdecode::attn {
 #ifndef GD_ATTN_KV_EVICT_FIRST
 #define GD_ATTN_KV_EVICT_FIRST 1
 #endif
+// Decode layout for <= 8 rows with keys as the mma's M dimension (attend's kNarrow), for head dims
+// >= GD_ATTN_NARROW_MIN_DIM. H100, d128, per layer of a step: B=1 L=2048 8.7 -> 7.8 us, B=8
+// L=8192 93.8 -> 92.8, L=32768 362.1 -> 361.1, B=256 L=2048 715.1 -> 708.1. At d64 it is faster
+// in bench_attention too, but the Llama-1B step (bench_decode) took 37 us longer at B=1 and 16 us
+// at B=8 L=1024 (240 us shorter at B=64 L=4096): inside the model its CTAs stall longer on
+// instruction fetch (ncu, bench/NOTES.md 50), so d64 keeps the 16-row layout.
+#ifndef GD_ATTN_NARROW_MIN_DIM
+#define GD_ATTN_NARROW_MIN_DIM 128
+#endif
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
 
@@ -182,14 +191,18 @@ __device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkI
 }
 
 // kWarpsKV = 4: decode layout (warps split keys); 1: extend layout (warps split rows).
-template <typename T, int kHeadDim, int kWarpsKV>
+// kNarrow (decode layout, <= 8 rows): the mma's roles swap, S^T = K Q^T and O^T += V^T P^T, so a
+// warp's 16 keys are the M dimension and the rows the N = 8 one (half the mma work of 16 padded
+// rows as M; a thread then holds rows 2 * t4 and 2 * t4 + 1, for keys / dims g and g + 8).
+template <typename T, int kHeadDim, int kWarpsKV, bool kNarrow = false>
 __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w, T* sQ, T* sK,
                                        T* sV, float* s_ml) {
   using C = TileConfig<kHeadDim>;
+  static_assert(!kNarrow || kWarpsKV == 4, "the narrow layout is a decode layout");
   constexpr int kKeysPerWarp = kBlockN / kWarpsKV;  // 16 or 64
   constexpr int kNB = kKeysPerWarp / 8;             // score n-blocks per warp
-  constexpr int kDB = kHeadDim / 8;                 // output n-blocks
-  constexpr int kQRows = kWarpsKV == 4 ? 16 : kMaxRows;
+  constexpr int kDB = kHeadDim / 8;                 // output n-blocks (narrow: kDB / 2 m-blocks)
+  constexpr int kQRows = kNarrow ? 8 : kWarpsKV == 4 ? 16 : kMaxRows;
   constexpr bool kRolled = GD_ATTN_ROLL_DECODE && kWarpsKV == 4;  // see GD_ATTN_ROLL_DECODE
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = kWarpsKV == 4 ? 0 : warp;  // row group of this warp
@@ -213,11 +226,11 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
     }
   };
 
-  // Visible key range of this thread's two rows (g and g + 8 of the warp's 16).
+  // Visible key range of this thread's two rows (g and g + 8 of the warp's 16; narrow: 2 * t4 + i).
   int row_lo[2], row_hi[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = wq * 16 + g + 8 * i;
+    const int row = kNarrow ? 2 * t4 + i : wq * 16 + g + 8 * i;
     if (row < w.rows) {
       const int pos = w.pos0 + p.group_div.div(row);
       row_lo[i] = p.call.causal ? max(w.kb, first_visible_key(pos, w.window)) : w.kb;
@@ -231,9 +244,10 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   const int key_begin = w.kb < w.ke ? (w.kb / kBlockN) * kBlockN : 0;
   const int n_tiles = w.kb < w.ke ? (w.ke - key_begin + kBlockN - 1) / kBlockN : 0;
 
-  float o[kDB][4];
+  constexpr int kOB = kNarrow ? kDB / 2 : kDB;  // accumulator blocks: 16 dims x 8 rows (narrow)
+  float o[kOB][4];
 #pragma unroll
-  for (int d = 0; d < kDB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  for (int d = 0; d < kOB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const std::uint64_t kv_policy = GD_ATTN_KV_EVICT_FIRST ? l2_evict_first_policy() : 0;
 
@@ -283,82 +297,143 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
     const T* v_tile = sV + st * kBlockN * kHeadDim;
     const int key_tile = key_begin + it * kBlockN;
 
-    // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys.
-    float s[kNB][4];
+    if constexpr (kNarrow) {
+      // S^T = K Q^T: sc = keys (g, g + 8) x rows (2 * t4, 2 * t4 + 1) of this warp's 16 keys.
+      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+      const int krow = wk * kKeysPerWarp + ((lane / 8) % 2) * 8 + lane % 8;
+#pragma unroll(kRolled ? 1 : kHeadDim / 32)
+      for (int kk = 0; kk < kHeadDim / 16; kk += 2) {
+        uint32_t qb[4];  // B operands (Q rows as columns) of head-dim steps kk and kk + 1
+        ldmatrix_x4(qb, smem_addr(sQ + swizzled_offset<kHeadDim>(lane % 8, kk * 2 + lane / 8)));
 #pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-#pragma unroll(kRolled ? 1 : kHeadDim / 16)
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(
-          a, smem_addr(sQ + swizzled_offset<kHeadDim>(wq * 16 + lane % 16, kk * 2 + lane / 16)));
-#pragma unroll
-      for (int nb2 = 0; nb2 < kNB / 2; ++nb2) {
-        uint32_t b[4];
-        const int krow = wk * kKeysPerWarp + nb2 * 16 + (lane / 16) * 8 + lane % 8;
-        ldmatrix_x4(b,
-                    smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, kk * 2 + (lane / 8) % 2)));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_16816<T>(s[2 * nb2], a, b0);
-        mma_16816<T>(s[2 * nb2 + 1], a, b1);
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];
+          ldmatrix_x4(
+              a, smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, (kk + h) * 2 + lane / 16)));
+          const uint32_t b[2] = {qb[2 * h], qb[2 * h + 1]};
+          mma_16816<T>(sc, a, b);
+        }
       }
-    }
-
-    // Mask, online softmax (log2 domain).
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
+      // Mask, online softmax (log2 domain); a row's keys are spread over the 8 lanes of a column.
+      const int key_g = key_tile + wk * kKeysPerWarp + g;
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const int key = key_tile + wk * kKeysPerWarp + nb * 8 + 2 * t4 + (e & 1);
+        const int i = e & 1, key = key_g + 8 * (e / 2);
         const bool vis = key >= row_lo[i] && key <= row_hi[i];
-        s[nb][e] = vis ? s[nb][e] * p.scale_log2 : -INFINITY;
-        mx[i] = fmaxf(mx[i], s[nb][e]);
+        sc[e] = vis ? sc[e] * p.scale_log2 : -INFINITY;
+        mx[i] = fmaxf(mx[i], sc[e]);
       }
-    }
-    float alpha[2], m_use[2];
+      float alpha[2], m_use[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m[i], quad_max(mx[i]));
-      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-      m[i] = m_new;
-      l[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
+      for (int i = 0; i < 2; ++i) {
+        const float m_new = fmaxf(m[i], column_max(mx[i]));
+        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+        m[i] = m_new;
+        l[i] *= alpha[i];
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nb][e] = exp2f(s[nb][e] - m_use[e / 2]);
-        l[e / 2] += s[nb][e];
+        sc[e] = exp2f(sc[e] - m_use[e & 1]);
+        l[e & 1] += sc[e];
       }
-    }
 #pragma unroll
-    for (int d = 0; d < kDB; ++d) {
-      o[d][0] *= alpha[0];
-      o[d][1] *= alpha[0];
-      o[d][2] *= alpha[1];
-      o[d][3] *= alpha[1];
-    }
+      for (int d = 0; d < kOB; ++d) {
+        o[d][0] *= alpha[0];
+        o[d][1] *= alpha[1];
+        o[d][2] *= alpha[0];
+        o[d][3] *= alpha[1];
+      }
+      // O^T += V^T P^T: P^T (keys x rows) as the B operand, transposed from the accumulator.
+      const uint32_t b[2] = {movmatrix_trans(MmaType<T>::pack(sc[0], sc[1])),
+                             movmatrix_trans(MmaType<T>::pack(sc[2], sc[3]))};
+      const int vrow = wk * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
+#pragma unroll
+      for (int mb = 0; mb < kOB; ++mb) {
+        uint32_t a[4];  // V^T: dims mb * 16 + (0..15) x this warp's 16 keys
+        ldmatrix_x4_trans(
+            a, smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, mb * 2 + (lane / 8) % 2)));
+        mma_16816<T>(o[mb], a, b);
+      }
+    } else {
+      // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys.
+      float s[kNB][4];
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll(kRolled ? 1 : kHeadDim / 16)
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(
+            a, smem_addr(sQ + swizzled_offset<kHeadDim>(wq * 16 + lane % 16, kk * 2 + lane / 16)));
+#pragma unroll
+        for (int nb2 = 0; nb2 < kNB / 2; ++nb2) {
+          uint32_t b[4];
+          const int krow = wk * kKeysPerWarp + nb2 * 16 + (lane / 16) * 8 + lane % 8;
+          ldmatrix_x4(b,
+                      smem_addr(k_tile + swizzled_offset<kHeadDim>(krow, kk * 2 + (lane / 8) % 2)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_16816<T>(s[2 * nb2], a, b0);
+          mma_16816<T>(s[2 * nb2 + 1], a, b1);
+        }
+      }
 
-    // O += P V
+      // Mask, online softmax (log2 domain).
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int ks = 0; ks < kKeysPerWarp / 16; ++ks) {
-      uint32_t a[4];
-      a[0] = MmaType<T>::pack(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = MmaType<T>::pack(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = MmaType<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = MmaType<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-      const int vrow = wk * kKeysPerWarp + ks * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+      for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
-      for (int db = 0; db < kDB / 2; ++db) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b,
-                          smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, db * 2 + lane / 16)));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_16816<T>(o[2 * db], a, b0);
-        mma_16816<T>(o[2 * db + 1], a, b1);
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2;
+          const int key = key_tile + wk * kKeysPerWarp + nb * 8 + 2 * t4 + (e & 1);
+          const bool vis = key >= row_lo[i] && key <= row_hi[i];
+          s[nb][e] = vis ? s[nb][e] * p.scale_log2 : -INFINITY;
+          mx[i] = fmaxf(mx[i], s[nb][e]);
+        }
+      }
+      float alpha[2], m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float m_new = fmaxf(m[i], quad_max(mx[i]));
+        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+        m[i] = m_new;
+        l[i] *= alpha[i];
+      }
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nb][e] = exp2f(s[nb][e] - m_use[e / 2]);
+          l[e / 2] += s[nb][e];
+        }
+      }
+#pragma unroll
+      for (int d = 0; d < kDB; ++d) {
+        o[d][0] *= alpha[0];
+        o[d][1] *= alpha[0];
+        o[d][2] *= alpha[1];
+        o[d][3] *= alpha[1];
+      }
+
+      // O += P V
+#pragma unroll
+      for (int ks = 0; ks < kKeysPerWarp / 16; ++ks) {
+        uint32_t a[4];
+        a[0] = MmaType<T>::pack(s[2 * ks][0], s[2 * ks][1]);
+        a[1] = MmaType<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+        a[2] = MmaType<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        a[3] = MmaType<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        const int vrow = wk * kKeysPerWarp + ks * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int db = 0; db < kDB / 2; ++db) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(
+              b, smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, db * 2 + lane / 16)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_16816<T>(o[2 * db], a, b0);
+          mma_16816<T>(o[2 * db + 1], a, b1);
+        }
       }
     }
     __syncthreads();  // the stage is refilled by the next iteration's load
@@ -368,7 +443,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   if (early && n_tiles == 0) grid_dependency_sync();  // before the first write
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
+  for (int i = 0; i < 2; ++i) l[i] = kNarrow ? column_sum(l[i]) : quad_sum(l[i]);
 
   if constexpr (kWarpsKV == 1) {
 #pragma unroll
@@ -386,14 +461,20 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
     float* s_o = reinterpret_cast<float*>(sK);  // [4 warps][16 rows][kHeadDim]
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int row = g + 8 * i;
+      const int row = kNarrow ? 2 * t4 + i : g + 8 * i;
 #pragma unroll
-      for (int d = 0; d < kDB; ++d) {
-        float* dst = s_o + (warp * 16 + row) * kHeadDim + d * 8 + 2 * t4;
-        dst[0] = o[d][2 * i];
-        dst[1] = o[d][2 * i + 1];
+      for (int d = 0; d < kOB; ++d) {
+        if constexpr (kNarrow) {
+          float* dst = s_o + (warp * 16 + row) * kHeadDim + d * 16 + g;
+          dst[0] = o[d][i];
+          dst[8] = o[d][2 + i];
+        } else {
+          float* dst = s_o + (warp * 16 + row) * kHeadDim + d * 8 + 2 * t4;
+          dst[0] = o[d][2 * i];
+          dst[1] = o[d][2 * i + 1];
+        }
       }
-      if (t4 == 0) {
+      if ((kNarrow ? g : t4) == 0) {
         s_ml[(warp * 16 + row) * 2] = m[i];
         s_ml[(warp * 16 + row) * 2 + 1] = l[i];
       }
@@ -543,7 +624,9 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
-  if (w.q_len * p.call.group <= kDecodeRows)
+  if (kHeadDim >= GD_ATTN_NARROW_MIN_DIM && w.q_len * p.call.group <= 8)
+    attend<T, kHeadDim, 4, true>(p, w, sQ, sK, sV, s_ml);
+  else if (w.q_len * p.call.group <= kDecodeRows)
     attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
   else
     attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);

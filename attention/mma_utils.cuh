@@ -69,6 +69,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// Transposes an 8x8 b16 matrix held one 32-bit pair per lane (lane = 4 * row + column pair): the
+// lane that held (r, 2c..2c+1) gets (2c..2c+1, r) of the original, i.e. turns an mma accumulator
+// pair into the matching B-operand pair of the next mma.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // A tile of rows x kHeadDim 2-byte elements, stored as 16-byte chunks with the chunk index
 // XOR-ed by (row % 8): the 8 rows one ldmatrix phase reads land in 8 different bank groups.
 template <int kHeadDim>
@@ -112,6 +121,17 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// ...and the 8 lanes that share a column (same lane % 4).
+__device__ __forceinline__ float column_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
 }  // namespace graphdecode::attn

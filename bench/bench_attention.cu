@@ -41,7 +41,8 @@
 namespace graphdecode::bench {
 namespace {
 
-constexpr std::int32_t kHq = 32, kHkv = 8, kD = 128;
+constexpr std::int32_t kHq = 32, kHkv = 8;
+std::int32_t g_head_dim = 128;  // --head-dim 64: the Llama-1B model's attention shape
 
 // ---- measurements -------------------------------------------------------------------------------
 
@@ -125,8 +126,8 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   r.deterministic = det;
   const std::int32_t ppr = (l + g_page - 1) / g_page;
   const std::int64_t num_pages = static_cast<std::int64_t>(b) * ppr + 1;
-  const std::size_t pool = static_cast<std::size_t>(num_pages) * kHkv * g_page * kD;
-  const std::size_t q_elems = static_cast<std::size_t>(b) * n * kHq * kD;
+  const std::size_t pool = static_cast<std::size_t>(num_pages) * kHkv * g_page * g_head_dim;
+  const std::size_t q_elems = static_cast<std::size_t>(b) * n * kHq * g_head_dim;
   std::size_t free_b = 0, total_b = 0;
   GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const double layer_bytes = 2.0 * pool * 2;
@@ -177,7 +178,7 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   AttentionConfig cfg;
   cfg.num_q_heads = kHq;
   cfg.num_kv_heads = kHkv;
-  cfg.head_dim = kD;
+  cfg.head_dim = g_head_dim;
   cfg.dtype = DType::kBF16;
   cfg.mode = AttentionMode::kCausal;
   cfg.max_batch = b;
@@ -197,7 +198,7 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   kv.max_pages_per_slot = ppr;
   kv.page_size = g_page;
   kv.num_kv_heads = kHkv;
-  kv.head_dim = kD;
+  kv.head_dim = g_head_dim;
   kv.num_pages = static_cast<std::int32_t>(num_pages);
 
   // A step: plan + attention. A layer of a model: attention only (the plan is made once a step).
@@ -250,10 +251,10 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   r.us = us[0];
   r.layer_us = us[1];
   if (r.step_layers > 0) r.step_us = us[2] / r.step_layers;
-  r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * kD * 2 + 2.0 * q_elems * 2;
+  r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * g_head_dim * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
-  r.tflops = 4.0 * n * static_cast<double>(l) * kHq * kD * b / (r.us * 1e-6) / 1e12;
+  r.tflops = 4.0 * n * static_cast<double>(l) * kHq * g_head_dim * b / (r.us * 1e-6) / 1e12;
   return r;
 }
 
@@ -287,7 +288,8 @@ void write_json(const std::string& path, const Device& dev, double copy_gbps, in
     << "  \"l2_bytes\": " << dev.l2_bytes << ",\n  \"sms\": " << dev.sms << ",\n"
     << "  \"copy_gbps\": " << copy_gbps << ",\n  \"reps\": " << reps << ",\n"
     << "  \"shape\": {\"num_q_heads\": " << kHq << ", \"num_kv_heads\": " << kHkv
-    << ", \"head_dim\": " << kD << ", \"dtype\": \"bf16\", \"page_size\": " << g_page << "},\n"
+    << ", \"head_dim\": " << g_head_dim << ", \"dtype\": \"bf16\", \"page_size\": " << g_page
+    << "},\n"
     << "  \"results\": [\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
@@ -348,13 +350,19 @@ int run_main(int argc, char** argv) {
         std::fprintf(stderr, "--page wants a positive page size\n");
         return 2;
       }
+    } else if (a == "--head-dim" && i + 1 < argc) {  // 64, 128 or 256 (default 128)
+      g_head_dim = std::atoi(argv[++i]);
+      if (g_head_dim != 64 && g_head_dim != 128 && g_head_dim != 256) {
+        std::fprintf(stderr, "--head-dim wants 64, 128 or 256\n");
+        return 2;
+      }
     } else if (a == "--ordered-pages") {  // pages of a request consecutive (diagnosis only)
       g_shuffle_pages = false;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--no-flush] [--page N] [--ordered-pages]\n",
+          "[--no-flush] [--page N] [--ordered-pages] [--head-dim D]\n",
           argv[0]);
       return 2;
     }
