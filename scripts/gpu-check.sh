@@ -16,7 +16,7 @@ OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
 STAGES=${GD_STAGES:-"build test fuzz example parity bench sanitize"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
-BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_step"
+BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_attention sdpa_peer"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-240}
 TOOLS=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
 BUILD=build-gpu
@@ -106,7 +106,8 @@ if has bench; then
     cat "$OUT/$name.txt"
   done
   # Peer: PyTorch SDPA on contiguous K/V for the same decode shapes, when torch is importable.
-  if [ "$BENCHES" = all ] && python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+  if { [ "$BENCHES" = all ] || [[ " $BENCHES " == *" sdpa_peer "* ]]; } &&
+    python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
     if python3 bench/sdpa_peer.py --json "$OUT/sdpa_peer.json" > "$OUT/sdpa_peer.txt" 2>&1; then
       note "bench sdpa_peer" "ok"
     else
