@@ -32,11 +32,16 @@ std::vector<unsigned long long> read_trace() {
 }
 #endif
 
+// Allows the kernel its dynamic shared memory; returns how many of its CTAs fit on one SM.
 template <typename T, int kHeadDim>
-void enable_smem() {
+int enable_smem() {
   GD_CUDA(cudaFuncSetAttribute(attention_kernel<T, kHeadDim>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(TileConfig<kHeadDim>::kSmemBytes)));
+  int resident = 0;
+  GD_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &resident, attention_kernel<T, kHeadDim>, kThreads, TileConfig<kHeadDim>::kSmemBytes));
+  return resident;
 }
 
 // Every launch is a programmatic dependent (PDL) of the kernel before it in the stream (the
@@ -67,25 +72,17 @@ void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-// The one place that maps (dtype, head_dim) to a kernel instantiation.
+// The one place that maps (dtype, head_dim) to a kernel instantiation; returns fn's result.
 template <typename Fn>
-void dispatch(DType dtype, int head_dim, Fn&& fn) {
+auto dispatch(DType dtype, int head_dim, Fn&& fn) {
+  GD_REQUIRE(head_dim == 64 || head_dim == 128 || head_dim == 256, "head_dim", head_dim,
+             "unsupported head dim (64, 128, 256)");
   auto by_dim = [&](auto tag) {
-    switch (head_dim) {
-      case 64:
-        return fn(tag, std::integral_constant<int, 64>{});
-      case 128:
-        return fn(tag, std::integral_constant<int, 128>{});
-      case 256:
-        return fn(tag, std::integral_constant<int, 256>{});
-      default:
-        GD_REQUIRE(false, "head_dim", head_dim, "unsupported head dim (64, 128, 256)");
-    }
+    if (head_dim == 64) return fn(tag, std::integral_constant<int, 64>{});
+    if (head_dim == 128) return fn(tag, std::integral_constant<int, 128>{});
+    return fn(tag, std::integral_constant<int, 256>{});
   };
-  if (dtype == DType::kBF16)
-    by_dim(__nv_bfloat16{});
-  else
-    by_dim(__half{});
+  return dtype == DType::kBF16 ? by_dim(__nv_bfloat16{}) : by_dim(__half{});
 }
 
 }  // namespace attn
@@ -114,10 +111,17 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   int device = 0, sms = 0;
   GD_CUDA(cudaGetDevice(&device));
   GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-#ifndef GD_ATTN_TARGET_WAVES
-#define GD_ATTN_TARGET_WAVES 2
-#endif
+  // Adaptive split-KV aims at one wave of resident CTAs: 2 per SM at d128 (4 waves were slower,
+  // bench/NOTES.md 6), 3 at d64 (H100, Llama-1B step B=8 L=4096 1816 -> 1741 us, NOTES 51), 1 at
+  // d256. GD_ATTN_TARGET_WAVES overrides it (an experiment knob).
+  const int resident = dispatch(c.dtype, c.head_dim,
+                                [](auto t, auto d) { return enable_smem<decltype(t), d.value>(); });
+  GD_REQUIRE(resident > 0, "head_dim", c.head_dim, "the attention kernel does not fit on an SM");
+#ifdef GD_ATTN_TARGET_WAVES
   target_ctas_ = GD_ATTN_TARGET_WAVES * sms;
+#else
+  target_ctas_ = resident * sms;
+#endif
 
   const long long tiles_cap = static_cast<long long>(c.max_batch) +
                               (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);
@@ -145,7 +149,6 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   GD_CUDA(cudaStreamSynchronize(nullptr));
   partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
   partial_lse_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_));
-  dispatch(c.dtype, c.head_dim, [](auto t, auto d) { enable_smem<decltype(t), d.value>(); });
 }
 
 std::size_t PagedAttention::workspace_bytes() const noexcept {
