@@ -138,4 +138,12 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
   return fill_work_item(p, item, s_src, w);
 }
 
+// Tile row -> (token of the request, query head): rows are (token, head-in-group) pairs.
+__device__ __forceinline__ void row_token_head(const KernelParams& p, const WorkItem& w, int row,
+                                               int& tok, int& head) {
+  const int t = p.group_div.div(row);
+  tok = w.tok0 + t;
+  head = w.kv_head * p.call.group + (row - t * p.call.group);
+}
+
 }  // namespace graphdecode::attn
