@@ -174,6 +174,22 @@ __device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkI
   }
 }
 
+// Online softmax (log2 domain), per row i of a thread's two: folds the tile's row maximum (mx,
+// this thread's part, reduced over the row's lanes by `reduce`) into m; alpha rescales the old l
+// (here) and o (by the caller), m_use is the base of this tile's exponents.
+template <typename Reduce>
+__device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], const float (&mx)[2],
+                                              Reduce reduce, float (&alpha)[2], float (&m_use)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(m[i], reduce(mx[i]));
+    m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+    m[i] = m_new;
+    l[i] *= alpha[i];
+  }
+}
+
 // kWarpsKV = 4: decode layout (warps split keys); 1: extend layout (warps split rows).
 // kNarrow (decode layout, <= 8 rows): the mma's roles swap, S^T = K Q^T and O^T += V^T P^T, so a
 // warp's 16 keys are the M dimension and the rows the N = 8 one (half the mma work of 16 padded
@@ -309,14 +325,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
         mx[i] = fmaxf(mx[i], sc[e]);
       }
       float alpha[2], m_use[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m[i], column_max(mx[i]));
-        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-        m[i] = m_new;
-        l[i] *= alpha[i];
-      }
+      fold_tile_max(m, l, mx, column_max, alpha, m_use);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         sc[e] = exp2f(sc[e] - m_use[e & 1]);
@@ -376,14 +385,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
         }
       }
       float alpha[2], m_use[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m[i], quad_max(mx[i]));
-        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-        m[i] = m_new;
-        l[i] *= alpha[i];
-      }
+      fold_tile_max(m, l, mx, quad_max, alpha, m_use);
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll

@@ -10,17 +10,7 @@ cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 args=$1
 shift
-jobs=$(( $(nproc) / $# + 1 ))
-i=0
-for defs in "$@"; do
-  dir=build-ab$i
-  ( cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DGRAPHDECODE_BUILD_TESTS=OFF -DGRAPHDECODE_BUILD_EXAMPLES=OFF "-DCMAKE_CUDA_FLAGS=$defs" \
-      > $dir.log 2>&1 && ninja -j$jobs -C $dir bench_attention ${GD_AB_DECODE:+bench_decode} >> $dir.log 2>&1 ||
-      echo "build failed: $defs (see $dir.log)" ) &
-  i=$((i + 1))
-done
-wait
+bash scripts/build-variants.sh build-ab "bench_attention ${GD_AB_DECODE:+bench_decode}" "$@"
 i=0
 for defs in "$@"; do
   echo "=== variant: ${defs:-default}"

@@ -2,22 +2,13 @@
 # ncu of the attention kernel inside the model step (bench_decode), for build variants: each
 # kernel node profiled serialized with warm caches (--cache-control none), so the numbers are the
 # kernel's own in the model's context (no overlap). Builds bench_decode per variant.
-#   scripts/ncu-model-attention.sh "B" "L" "" "-DGD_ATTN_DECODE_NARROW=0" ...
+#   scripts/ncu-model-attention.sh "B" "L" "" "-DGD_ATTN_NARROW_MIN_DIM=64" ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 b=$1 l=$2
 shift 2
-jobs=$(( $(nproc) / $# + 1 ))
-i=0
-for defs in "$@"; do
-  ( cmake -S . -B build-nm$i -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DGRAPHDECODE_BUILD_TESTS=OFF -DGRAPHDECODE_BUILD_EXAMPLES=OFF "-DCMAKE_CUDA_FLAGS=$defs" \
-      > build-nm$i.log 2>&1 && ninja -j$jobs -C build-nm$i bench_decode >> build-nm$i.log 2>&1 ||
-      echo "build failed: $defs" ) &
-  i=$((i + 1))
-done
-wait
+bash scripts/build-variants.sh build-nm bench_decode "$@"
 i=0
 for defs in "$@"; do
   echo "=== variant: ${defs:-default}"
