@@ -49,9 +49,19 @@ namespace graphdecode::attn {
 // L=8192 93.8 -> 92.8, L=32768 362.1 -> 361.1, B=256 L=2048 715.1 -> 708.1. At d64 it is faster
 // in bench_attention too, but the Llama-1B step (bench_decode) took 37 us longer at B=1 and 16 us
 // at B=8 L=1024 (240 us shorter at B=64 L=4096): inside the model its CTAs stall longer on
-// instruction fetch (ncu, bench/NOTES.md 50), so d64 keeps the 16-row layout.
+// instruction fetch (ncu, bench/NOTES.md 50), so d64 keeps the 16-row layout but for long items
+// (below).
 #ifndef GD_ATTN_NARROW_MIN_DIM
 #define GD_ATTN_NARROW_MIN_DIM 128
+#endif
+// Below GD_ATTN_NARROW_MIN_DIM, the narrow layout still serves work items of at least this many
+// keys, whose loop outweighs the set-up's cold instruction fetch (0: never). The choice depends on
+// the item's own key range, which deterministic mode anchors per request: outputs stay
+// batch-invariant. H100, Llama-1B step (bench_decode, two runs): B=64 L=4096 5302 -> 5030 us,
+// L=1024 2417 -> 2378; B=8 within +-3 us; B=1 L=1024 1369 -> 1377 (the larger kernel's code,
+// though no B=1 item is that long). 512 keys: B=8 L=4096 1739 -> 1751 (bench/NOTES.md 53).
+#ifndef GD_ATTN_NARROW_MIN_KEYS
+#define GD_ATTN_NARROW_MIN_KEYS 1024
 #endif
 
 // Pipeline depth (head dims <= 128) and CTAs per SM: experiment knobs. H100, B=8 L=32768: 2 stages
@@ -513,7 +523,9 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
-  if (kHeadDim >= GD_ATTN_NARROW_MIN_DIM && w.q_len * p.call.group <= 8)
+  if (w.q_len * p.call.group <= 8 &&
+      (kHeadDim >= GD_ATTN_NARROW_MIN_DIM ||
+       (GD_ATTN_NARROW_MIN_KEYS > 0 && w.ke - w.kb >= GD_ATTN_NARROW_MIN_KEYS)))
     attend<T, kHeadDim, 4, true>(p, w, sQ, sK, sV, s_ml);
   else if (w.q_len * p.call.group <= kDecodeRows)
     attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);

@@ -2,7 +2,7 @@
 # Memory-system counters of our attention kernel and of the SDPA-flash peer's split kernel on the
 # same decode shape (ncu, clocks not locked): time, DRAM bytes and throughput, L2 traffic and hit
 # rate, instructions; for the peer also its launch (grid, block, registers, shared memory, waves).
-# Tells a difference in bytes moved from one in how well they stream.
+# Tells a difference in bytes moved from one in how well they stream; SM, L2 and DRAM clocks.
 #   scripts/ncu-memory.sh BUILD_DIR B L
 set -uo pipefail
 build=$1 b=$2 l=$3
@@ -11,6 +11,9 @@ metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_r
 metrics+=,lts__t_sector_op_read_hit_rate.pct,lts__t_requests_srcunit_tex_op_read.sum
 metrics+=,smsp__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
 metrics+=,l1tex__m_xbar2l1tex_read_bytes.sum,lts__average_gcomp_input_sector_success_rate.pct
+# Clocks while the kernel runs (clocks are not locked): is either kernel power- or clock-limited?
+metrics+=,sm__cycles_elapsed.avg.per_second,lts__cycles_elapsed.avg.per_second
+metrics+=,dram__cycles_elapsed.avg.per_second
 echo "=== ours: attention_kernel, B=$b L=$l (graph nodes)"
 ncu --clock-control none --graph-profiling node --kernel-name regex:attention_kernel \
   --launch-skip 20 --launch-count 2 --metrics "$metrics" \

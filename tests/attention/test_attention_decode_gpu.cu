@@ -37,6 +37,7 @@ const DecodeCase kDecodeCases[] = {
     {{4, 1, 128, 64, kBF16, kCausal}, 5, 8000, 16000},  // group 4, long contexts
     {{8, 2, 64, 16, kFP16, kCausal}, 256, 1, 512},      // batch 256
     {{16, 16, 128, 1, kBF16, kCausal}, 3, 1, 3000},     // group 1, d128, page 1
+    {{32, 8, 64, 16, kBF16, kCausal}, 64, 1, 3000},     // d64 unsplit: both decode layouts
 };
 
 TEST_F(AttentionDecode, CoveringSet) {

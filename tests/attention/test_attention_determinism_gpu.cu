@@ -100,6 +100,11 @@ TEST_F(AttentionDeterminism, FullDecode) {
 TEST_F(AttentionDeterminism, FullDecodeSmallSplit) {
   check_batch_invariance(Path{{8, 1, 64, 1, kFP16, kCausal}, -1, {1, 3001}, 1, 2000, 64});
 }
+// d64: the target's 1024-key chunks take the narrow decode layout, its last, shorter one the
+// 16-row layout; the other requests' short chunks the 16-row one.
+TEST_F(AttentionDeterminism, FullDecodeHeadDim64MixedLayouts) {
+  check_batch_invariance(Path{{32, 8, 64, 16, kBF16, kCausal}, -1, {1, 5000}, 1, 2000});
+}
 TEST_F(AttentionDeterminism, FullExtend) {
   check_batch_invariance(Path{{16, 2, 128, 16, kBF16, kCausal}, -1, {37, 3037}, 24, 1000});
 }
