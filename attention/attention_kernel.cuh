@@ -205,8 +205,8 @@ __device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], cons
 // warp's 16 keys are the M dimension and the rows the N = 8 one (half the mma work of 16 padded
 // rows as M; a thread then holds rows 2 * t4 and 2 * t4 + 1, for keys / dims g and g + 8).
 template <typename T, int kHeadDim, int kWarpsKV, bool kNarrow = false>
-__device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w, T* sQ, T* sK,
-                                       T* sV, float* s_ml) {
+__device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w, bool early, T* sQ,
+                                       T* sK, T* sV, float* s_ml) {
   using C = TileConfig<kHeadDim>;
   static_assert(!kNarrow || kWarpsKV == 4, "the narrow layout is a decode layout");
   constexpr int kKeysPerWarp = kBlockN / kWarpsKV;  // 16 or 64
@@ -263,10 +263,10 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 
   // The first kStages - 1 iterations only fill the pipeline: one load site keeps the code small
   // (every CTA fetches it cold; at small batch a CTA runs 1-2 tiles, so code is the latency).
-  // The first commit group also carries Q. Early start (p.early_kv): those tiles hold every key
-  // but this step's new rows [new_begin, ke), copied before the wait; at it = 0 the wait, then one
-  // group with Q and the new rows, so tile 0 needs all but the newest group.
-  const bool early = p.early_kv;
+  // The first commit group also carries Q. Early start (`early`, p.early_kv for a CTA's first
+  // item): those tiles hold every key but this step's new rows [new_begin, ke), copied before the
+  // wait; at it = 0 the wait, then one group with Q and the new rows, so tile 0 needs all but the
+  // newest group.
   const int new_begin = p.call.causal ? max(w.kb, w.kv_len - w.q_len) : w.kb;
   if (!early) load_q();
 #pragma unroll 1
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
-  WorkItem w;
+  __shared__ int s_next;
   GD_TRACE_POINT(0);
   // Launched as a programmatic dependent (PDL) of the kernel before it (the planner, a layer's
   // other kernels): wait for its completion and writes before the first global access, then let
@@ -513,27 +513,48 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   // the wait comes later, in attend(), once the copies that may precede it are issued. Every CTA
   // waits before it triggers, even one with no work: PriorWrites::kQueryAndNewKv relies on it.
   if (!p.early_kv) grid_dependency_sync();
-  if (!(p.self_plan ? self_planned_work_item(p, blockIdx.x, w)
-                    : planned_work_item(p, blockIdx.x, w))) {
-    if (p.early_kv) grid_dependency_sync();
-    return;
-  }
-  GD_TRACE_POINT(1);
-  GD_TRACE_ITEM(w);
+  bool waited = !p.early_kv;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
-  if (w.q_len * p.call.group <= 8 &&
-      (kHeadDim >= GD_ATTN_NARROW_MIN_DIM ||
-       (GD_ATTN_NARROW_MIN_KEYS > 0 && w.ke - w.kb >= GD_ATTN_NARROW_MIN_KEYS)))
-    attend<T, kHeadDim, 4, true>(p, w, sQ, sK, sV, s_ml);
-  else if (w.q_len * p.call.group <= kDecodeRows)
-    attend<T, kHeadDim, 4>(p, w, sQ, sK, sV, s_ml);
-  else
-    attend<T, kHeadDim, 1>(p, w, sQ, sK, sV, s_ml);
-  GD_TRACE_POINT(3);
-  if (w.split) merge_if_last<T, kHeadDim>(p, w, &s_flag);
-  GD_TRACE_POINT(4);
+  // The grid is at most one wave of resident CTAs: a CTA runs item blockIdx.x, then claims the
+  // items past the grid one at a time until none is left (no empty CTAs to launch).
+  for (int item = blockIdx.x;;) {
+    WorkItem w;
+    int total = 0;  // work items of the call, the same in every CTA
+    const bool has = p.self_plan ? self_planned_work_item(p, item, w, total)
+                                 : planned_work_item(p, item, w, total);
+    if (has) {
+      GD_TRACE_POINT(1);
+      GD_TRACE_ITEM(w);
+      const bool early = !waited;
+      waited = true;  // attend() waits (it always reaches griddepcontrol.wait when early)
+      if (w.q_len * p.call.group <= 8 &&
+          (kHeadDim >= GD_ATTN_NARROW_MIN_DIM ||
+           (GD_ATTN_NARROW_MIN_KEYS > 0 && w.ke - w.kb >= GD_ATTN_NARROW_MIN_KEYS)))
+        attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
+      else if (w.q_len * p.call.group <= kDecodeRows)
+        attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);
+      else
+        attend<T, kHeadDim, 1>(p, w, early, sQ, sK, sV, s_ml);
+      GD_TRACE_POINT(3);
+      if (w.split) merge_if_last<T, kHeadDim>(p, w, &s_flag);
+      GD_TRACE_POINT(4);
+    }
+    if (total <= static_cast<int>(gridDim.x)) break;  // uniform: no item past the grid
+    // Every CTA claims until a claim fails, so a launch makes exactly `total` claims (values
+    // 0 .. total - 1 of the counter): the last one resets the counter for the next launch.
+    __syncthreads();  // the next item reuses shared memory (and s_next)
+    if (threadIdx.x == 0) {
+      const int c = atomicAdd(p.work_counter, 1);
+      if (c == total - 1) *p.work_counter = 0;
+      s_next = c + static_cast<int>(gridDim.x);
+    }
+    __syncthreads();
+    item = s_next;
+    if (item >= total) break;
+  }
+  if (!waited) grid_dependency_sync();
 }
 
 }  // namespace graphdecode::attn

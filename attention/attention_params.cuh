@@ -73,12 +73,13 @@ struct KernelParams {
   void* out;      // [total_q][num_q_heads][head_dim]
   float* lse;     // [total_q][num_q_heads] or nullptr
   PagedKvView kv;
-  float* partial_o;           // [max_partials][head_dim]
-  float* partial_lse;         // [max_partials], log2 domain
-  std::int32_t* merge_count;  // [max_work] chunks finished per (request, head, tile); 0 at rest
-  FastDivmod page_div;        // by kv.page_size
-  FastDivmod group_div;       // by call.group
-  float scale_log2;           // sm_scale * log2(e)
+  float* partial_o;            // [max_partials][head_dim]
+  float* partial_lse;          // [max_partials], log2 domain
+  std::int32_t* merge_count;   // [max_work] chunks finished per (request, head, tile); 0 at rest
+  std::int32_t* work_counter;  // [1] items claimed past the grid (attention_kernel); 0 at rest
+  FastDivmod page_div;         // by kv.page_size
+  FastDivmod group_div;        // by call.group
+  float scale_log2;            // sm_scale * log2(e)
   // Standalone run() with max_batch <= kThreads: no planner launch; every CTA plans the batch
   // itself from `call` (the plan buffers are neither read nor written).
   bool self_plan;

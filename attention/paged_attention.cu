@@ -1,9 +1,11 @@
 // PagedAttention: validation, capacity-sized buffers, and the launches of run():
-// planner (1 block) -> attention kernel (grid = work capacity; split-KV merge fused in), or, for
-// max_batch <= 128, the attention kernel alone, each CTA planning the batch itself.
+// planner (1 block) -> attention kernel (grid = one wave of resident CTAs, which claim the work
+// past it; split-KV merge fused in), or, for max_batch <= 128, the attention kernel alone, each CTA
+// planning the batch itself.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -53,6 +55,9 @@ int enable_smem() {
 #endif
 // run_planned(..., PriorWrites::kQueryAndNewKv) reads the work item and the older K/V tiles before
 // that wait (0: it waits first anyway; an A/B knob).
+#ifndef GD_ATTN_PERSISTENT
+#define GD_ATTN_PERSISTENT 1
+#endif
 #ifndef GD_ATTN_EARLY_KV
 #define GD_ATTN_EARLY_KV 1
 #endif
@@ -141,7 +146,7 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
 
   plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 2 +
                                      static_cast<std::size_t>(max_work_));
-  merge_count_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_));
+  merge_count_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_) + 1);
   // Zeroed once here (and synchronized: run() may come on any stream); the kernel leaves every
   // counter at 0 again after use, so replays need no reset.
   merge_count_.fill_bytes(0, nullptr);
@@ -234,6 +239,7 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.partial_o = partial_o_.data();
   kp.partial_lse = partial_lse_.data();
   kp.merge_count = merge_count_.data();
+  kp.work_counter = merge_count_.data() + max_work_;
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.page_div = FastDivmod::make(static_cast<std::uint32_t>(kv.page_size));
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));
@@ -241,8 +247,13 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.self_plan = self_plan;
   kp.early_kv =
       GD_ATTN_EARLY_KV && prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;
+  // One wave of resident CTAs at most; CTAs that finish claim the items past it (attention_kernel).
+  // A grid of the work capacity instead launched up to thousands of CTAs that find no work, which
+  // cost ~4.5 us per call at B=1 when the capacity was 7 waves (bench/NOTES.md 54).
+  const std::int64_t grid =
+      GD_ATTN_PERSISTENT ? std::min<std::int64_t>(max_work_, target_ctas_) : max_work_;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
-    launch<decltype(t), d.value>(kp, static_cast<int>(max_work_), stream);
+    launch<decltype(t), d.value>(kp, static_cast<int>(grid), stream);
   });
 }
 

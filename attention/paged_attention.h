@@ -124,7 +124,9 @@ class PagedAttention {
   DeviceBuffer<std::int32_t> plan_;  // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
   DeviceBuffer<float> partial_o_;    // [max_partials][head_dim]
   DeviceBuffer<float> partial_lse_;  // [max_partials]
-  DeviceBuffer<std::int32_t> merge_count_;  // [max_work] split-KV arrival counters, 0 at rest
+  // [max_work + 1] split-KV arrival counters, then the counter of work items claimed past the
+  // grid; all 0 at rest.
+  DeviceBuffer<std::int32_t> merge_count_;
 };
 
 // Merges two partial attention states over disjoint key sets (e.g. a shared prefix and a suffix):

@@ -76,9 +76,11 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
 }
 
 // From the planner's plan: the item's request comes from one load of item_request (issued with the
-// total), then every per-request field in one more round of independent loads.
-__device__ __forceinline__ bool planned_work_item(const KernelParams& p, int item, WorkItem& w) {
-  const int total = *p.call.plan.total_items;
+// total), then every per-request field in one more round of independent loads. `total`: the call's
+// work items.
+__device__ __forceinline__ bool planned_work_item(const KernelParams& p, int item, WorkItem& w,
+                                                  int& total) {
+  total = *p.call.plan.total_items;
   const int r = p.call.plan.item_request[item];  // stale beyond `total`; then unused
   if (item >= total || r < 0 || r >= p.call.max_batch) return false;  // uniform over the CTA
   ItemSource src;
@@ -102,8 +104,8 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
 // thread whose request owns `item` hands its fields over through shared memory. This removes the
 // planner launch and its grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 ->
 // 16.1 us per call; the planning code each CTA now fetches cold is most of what remains).
-__device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item,
-                                                       WorkItem& w) {
+__device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item, WorkItem& w,
+                                                       int& total) {
   __shared__ int s_warp[kThreads / 32 + 1];
   __shared__ int s_sum[kThreads / 32];
   __shared__ ItemSource s_src;
@@ -126,6 +128,7 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
   int parts_total = 0, items_total = 0;
   const RequestPlan rp =
       plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+  total = min(items_total, pp.max_work);  // as the planner's total_items
   const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
   if (live && item >= rp.item_off && item < rp.item_off + items) {
     s_src = ItemSource{r,         rp.item_off, rp.tiles,       rp.chunks,
