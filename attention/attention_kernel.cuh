@@ -498,6 +498,15 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
 }
 
+// A grid of at most one wave of resident CTAs that claim the items past it (the loop below), for
+// head dims <= 128. At d256 the loop's registers spilled (255 + 76 bytes) and B=8 L=8192 took 5%
+// longer, so d256 keeps a grid of the work capacity, one item per CTA (bench/NOTES.md 54).
+#ifndef GD_ATTN_PERSISTENT
+#define GD_ATTN_PERSISTENT 1
+#endif
+template <int kHeadDim>
+inline constexpr bool kPersistent = GD_ATTN_PERSISTENT != 0 && kHeadDim <= 128;
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
     attention_kernel(const __grid_constant__ KernelParams p) {
@@ -541,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
       if (w.split) merge_if_last<T, kHeadDim>(p, w, &s_flag);
       GD_TRACE_POINT(4);
     }
-    if (total <= static_cast<int>(gridDim.x)) break;  // uniform: no item past the grid
+    if (!kPersistent<kHeadDim> || total <= static_cast<int>(gridDim.x)) break;  // uniform
     // Every CTA claims until a claim fails, so a launch makes exactly `total` claims (values
     // 0 .. total - 1 of the counter): the last one resets the counter for the next launch.
     __syncthreads();  // the next item reuses shared memory (and s_next)

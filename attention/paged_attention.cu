@@ -55,9 +55,6 @@ int enable_smem() {
 #endif
 // run_planned(..., PriorWrites::kQueryAndNewKv) reads the work item and the older K/V tiles before
 // that wait (0: it waits first anyway; an A/B knob).
-#ifndef GD_ATTN_PERSISTENT
-#define GD_ATTN_PERSISTENT 1
-#endif
 #ifndef GD_ATTN_EARLY_KV
 #define GD_ATTN_EARLY_KV 1
 #endif
@@ -247,12 +244,12 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.self_plan = self_plan;
   kp.early_kv =
       GD_ATTN_EARLY_KV && prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;
-  // One wave of resident CTAs at most; CTAs that finish claim the items past it (attention_kernel).
-  // A grid of the work capacity instead launched up to thousands of CTAs that find no work, which
-  // cost ~4.5 us per call at B=1 when the capacity was 7 waves (bench/NOTES.md 54).
-  const std::int64_t grid =
-      GD_ATTN_PERSISTENT ? std::min<std::int64_t>(max_work_, target_ctas_) : max_work_;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
+    // One wave of resident CTAs at most; CTAs that finish claim the items past it (kPersistent).
+    // A grid of the work capacity launched up to thousands of CTAs that find no work, which cost
+    // ~4.5 us per call when the capacity was 7 waves (bench/NOTES.md 54).
+    const std::int64_t grid =
+        kPersistent<d.value> ? std::min<std::int64_t>(max_work_, target_ctas_) : max_work_;
     launch<decltype(t), d.value>(kp, static_cast<int>(grid), stream);
   });
 }
