@@ -526,8 +526,8 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kQElems;
   T* sV = sK + C::kKVElems;
-  // The grid is at most one wave of resident CTAs: a CTA runs item blockIdx.x, then claims the
-  // items past the grid one at a time until none is left (no empty CTAs to launch).
+  // kPersistent: the grid is at most one wave of resident CTAs; a CTA runs item blockIdx.x, then
+  // claims the items past the grid one at a time until none is left (no empty CTAs to launch).
   for (int item = blockIdx.x;;) {
     WorkItem w;
     int total = 0;  // work items of the call, the same in every CTA

@@ -143,10 +143,10 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
 
   plan_ = DeviceBuffer<std::int32_t>(7 * static_cast<std::size_t>(c.max_batch) + 2 +
                                      static_cast<std::size_t>(max_work_));
-  merge_count_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_) + 1);
+  counters_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_work_) + 1);
   // Zeroed once here (and synchronized: run() may come on any stream); the kernel leaves every
   // counter at 0 again after use, so replays need no reset.
-  merge_count_.fill_bytes(0, nullptr);
+  counters_.fill_bytes(0, nullptr);
   plan_.fill_bytes(0, nullptr);  // item_request is read (not used) past the step's items
   GD_CUDA(cudaStreamSynchronize(nullptr));
   partial_o_ = DeviceBuffer<float>(static_cast<std::size_t>(max_partials_) * c.head_dim);
@@ -154,7 +154,7 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
 }
 
 std::size_t PagedAttention::workspace_bytes() const noexcept {
-  return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes() + merge_count_.bytes();
+  return plan_.bytes() + partial_o_.bytes() + partial_lse_.bytes() + counters_.bytes();
 }
 
 attn::PlanView PagedAttention::plan_view() const {
@@ -235,8 +235,8 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.kv = kv;
   kp.partial_o = partial_o_.data();
   kp.partial_lse = partial_lse_.data();
-  kp.merge_count = merge_count_.data();
-  kp.work_counter = merge_count_.data() + max_work_;
+  kp.merge_count = counters_.data();
+  kp.work_counter = counters_.data() + max_work_;
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.page_div = FastDivmod::make(static_cast<std::uint32_t>(kv.page_size));
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));

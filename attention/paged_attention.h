@@ -126,7 +126,7 @@ class PagedAttention {
   DeviceBuffer<float> partial_lse_;  // [max_partials]
   // [max_work + 1] split-KV arrival counters, then the counter of work items claimed past the
   // grid; all 0 at rest.
-  DeviceBuffer<std::int32_t> merge_count_;
+  DeviceBuffer<std::int32_t> counters_;
 };
 
 // Merges two partial attention states over disjoint key sets (e.g. a shared prefix and a suffix):
