@@ -17,7 +17,7 @@ mkdir -p "$FINAL_OUT"
 STAGES=${GD_STAGES:-"build test fuzz example parity bench sanitize"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
 BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_attention sdpa_peer"
-SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-240}
+SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-300}  # racecheck of test_attention_planning_gpu: 120-270 s
 TOOLS=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
 BUILD=build-gpu
 export PATH=/usr/local/cuda/bin:$PATH
