@@ -200,6 +200,18 @@ __device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], cons
   }
 }
 
+// o *= alpha per row, after a tile moved the row maxima. Element e of an accumulator block belongs
+// to row e / 2 of the thread's two in the 16-row layouts, to row e % 2 in the narrow one (rows are
+// its mma's N dimension).
+template <bool kNarrow, int kBlocks>
+__device__ __forceinline__ void rescale_o(float (&o)[kBlocks][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int d = 0; d < kBlocks; ++d) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d][e] *= alpha[kNarrow ? e % 2 : e / 2];
+  }
+}
+
 // kWarpsKV = 4: decode layout (warps split keys); 1: extend layout (warps split rows).
 // kNarrow (decode layout, <= 8 rows): the mma's roles swap, S^T = K Q^T and O^T += V^T P^T, so a
 // warp's 16 keys are the M dimension and the rows the N = 8 one (half the mma work of 16 padded
@@ -341,13 +353,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
         sc[e] = exp2f(sc[e] - m_use[e & 1]);
         l[e & 1] += sc[e];
       }
-#pragma unroll
-      for (int d = 0; d < kOB; ++d) {
-        o[d][0] *= alpha[0];
-        o[d][1] *= alpha[1];
-        o[d][2] *= alpha[0];
-        o[d][3] *= alpha[1];
-      }
+      rescale_o<kNarrow>(o, alpha);
       // O^T += V^T P^T: P^T (keys x rows) as the B operand, transposed from the accumulator.
       const uint32_t b[2] = {movmatrix_trans(MmaType<T>::pack(sc[0], sc[1])),
                              movmatrix_trans(MmaType<T>::pack(sc[2], sc[3]))};
@@ -404,13 +410,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
           l[e / 2] += s[nb][e];
         }
       }
-#pragma unroll
-      for (int d = 0; d < kDB; ++d) {
-        o[d][0] *= alpha[0];
-        o[d][1] *= alpha[0];
-        o[d][2] *= alpha[1];
-        o[d][3] *= alpha[1];
-      }
+      rescale_o<kNarrow>(o, alpha);
 
       // O += P V
 #pragma unroll

@@ -3,11 +3,13 @@
 // the primary's write (they read the flag as 0 before their griddepcontrol.wait).
 // Cases vary the primary's launch (plain <<<>>> / with the PDL attribute itself), the secondary's
 // shared memory (0 / 112 KB per CTA) and whether the primary's carveout prefers shared memory.
-//   target probe_pdl_overlap (or nvcc -std=c++20 -arch=sm_90a -O2 bench/probes/pdl_overlap.cu)
+//   target probe_pdl_overlap (or nvcc -std=c++20 -arch=sm_90a -O2 -I. bench/probes/pdl_overlap.cu)
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+
+#include "common/pdl.cuh"  // the handshake as graphdecode's kernels make it
 
 #define CK(x)                                                                        \
   do {                                                                               \
@@ -19,7 +21,7 @@
   } while (0)
 
 __global__ void primary(int* flag, long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  graphdecode::pdl_launch_dependents();
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
@@ -32,7 +34,7 @@ __global__ void primary(int* flag, long long delay_ns) {
 // (The dynamic shared memory is only reserved, to occupy an SM as the attention kernel does.)
 __global__ void secondary(const int* flag, int* early) {
   const int seen = atomicAdd(const_cast<int*>(flag), 0);  // before the wait
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  graphdecode::pdl_wait_for_prior_grid();
   if (threadIdx.x == 0 && seen == 0) atomicAdd(early, 1);
 }
 
