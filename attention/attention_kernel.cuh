@@ -21,6 +21,7 @@
 
 #include "attention/attention_params.cuh"
 #include "attention/attention_trace.cuh"
+#include "attention/kv_tile_copy.cuh"
 #include "attention/mma_utils.cuh"
 #include "attention/split_merge.cuh"
 #include "attention/work_item.cuh"
@@ -36,13 +37,6 @@ namespace graphdecode::attn {
 // 793 -> 845 us.
 #ifndef GD_ATTN_ROLL_DECODE
 #define GD_ATTN_ROLL_DECODE 1
-#endif
-// K/V copies with an L2 evict-first policy: K/V stream through once, so they should not push the
-// plan, page tables, partials and the next layer's inputs out of L2. H100, two A/B runs: per layer
-// of a step B=8 L=2048 31.5 -> 30.2 us, L=8192 99.4 -> 98.3, B=256 L=2048 724 -> 719; standalone
-// calls within -0.5..+0.2 us (bench/NOTES.md 31, 35).
-#ifndef GD_ATTN_KV_EVICT_FIRST
-#define GD_ATTN_KV_EVICT_FIRST 1
 #endif
 // Decode layout for <= 8 rows with keys as the mma's M dimension (attend's kNarrow), for head dims
 // >= GD_ATTN_NARROW_MIN_DIM. H100, d128, per layer of a step: B=1 L=2048 8.7 -> 7.8 us, B=8
@@ -64,92 +58,11 @@ namespace graphdecode::attn {
 #define GD_ATTN_NARROW_MIN_KEYS 1024
 #endif
 
-// Pipeline depth (head dims <= 128) and CTAs per SM: experiment knobs. H100, B=8 L=32768: 2 stages
-// stream as fast as 3; one CTA per SM with 4 or 6 stages (and the grid sized for it) streams at
-// 74% of copy instead of 97% (bench/NOTES.md 36).
-#ifndef GD_ATTN_STAGES
-#define GD_ATTN_STAGES 3
-#endif
-#ifndef GD_ATTN_MIN_BLOCKS
-#define GD_ATTN_MIN_BLOCKS 2
-#endif
-template <int kHeadDim>
-struct TileConfig {
-  static constexpr int kStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
-  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kQElems = kMaxRows * kHeadDim;
-  static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
-  static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
-  // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
-  static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
-};
-
-// One 16-byte piece (i = row * kChunksPerRow + chunk of the 64-key tile) of K and of V.
-// `policy`: the L2 policy of the copies (GD_ATTN_KV_EVICT_FIRST), made once per work item.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkItem& w, int key0,
-                                              T* sK, T* sV, int i, std::uint64_t policy) {
-  using C = TileConfig<kHeadDim>;
-  const int row = i / C::kChunksPerRow;
-  const int ch = i % C::kChunksPerRow;
-  const int key = key0 + row;
-  bool valid = key >= w.kb && key < w.ke;
-  std::int64_t off = 0;
-  if (valid) {
-    const int page_idx = p.page_div.div(key);  // page_of_token without the division
-    const int page = page_at(p.kv, w.slot, page_idx);
-    valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
-    off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
-  }
-  const int s = swizzled_offset<kHeadDim>(row, ch);
-#if GD_ATTN_KV_EVICT_FIRST
-  cp_async_16_policy(sK + s, static_cast<const T*>(p.kv.k) + off, valid, policy);
-  cp_async_16_policy(sV + s, static_cast<const T*>(p.kv.v) + off, valid, policy);
-#else
-  cp_async_16(sK + s, static_cast<const T*>(p.kv.k) + off, valid);
-  cp_async_16(sV + s, static_cast<const T*>(p.kv.v) + off, valid);
-#endif
-}
-
-// (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
-// the per-copy form lets the compiler overlap each lookup with the previous copies.)
-// Two loops: a count in `#pragma unroll(...)` would also change the compiler's own unrolling of
-// the extend layout's loop.
-template <typename T, int kHeadDim, bool kRolled>
-__device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
-                                             T* sK, T* sV, std::uint64_t policy) {
-  constexpr int kPieces = kBlockN * TileConfig<kHeadDim>::kChunksPerRow;
-  if constexpr (kRolled) {
-#pragma unroll 1
-    for (int i = threadIdx.x; i < kPieces; i += kThreads)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
-  } else {
-    for (int i = threadIdx.x; i < kPieces; i += kThreads)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
-  }
-}
-
 // Waits for the kernel before this one in the stream, then lets the kernel after this one be
 // scheduled: in that order, as common/pdl.cuh's promise asks of a PDL-launched kernel.
 __device__ __forceinline__ void grid_dependency_sync() {
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
-}
-
-// Early start (p.early_kv): the pieces of a tile whose key is (`inside`) or is not (!`inside`) in
-// [lo, hi), i.e. the rows the kernel before may still be writing, or every other row.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void load_kv_tile_part(const KernelParams& p, const WorkItem& w,
-                                                  int key0, T* sK, T* sV, std::uint64_t policy,
-                                                  int lo, int hi, bool inside) {
-  using C = TileConfig<kHeadDim>;
-  constexpr int kPieces = kBlockN * C::kChunksPerRow;
-#pragma unroll 1
-  for (int i = threadIdx.x; i < kPieces; i += kThreads) {
-    const int key = key0 + i / C::kChunksPerRow;
-    if ((key >= lo && key < hi) == inside)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
-  }
 }
 
 // Writes one finished row (normalized o, lse in log2 domain) to out/lse or to the partials.
@@ -194,7 +107,7 @@ __device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], cons
   for (int i = 0; i < 2; ++i) {
     const float m_new = fmaxf(m[i], reduce(mx[i]));
     m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+    alpha[i] = fast_exp2(m[i] - m_use[i]);  // m = -inf -> 0
     m[i] = m_new;
     l[i] *= alpha[i];
   }
@@ -203,8 +116,11 @@ __device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], cons
 // o *= alpha per row, after a tile moved the row maxima. Element e of an accumulator block belongs
 // to row e / 2 of the thread's two in the 16-row layouts, to row e % 2 in the narrow one (rows are
 // its mma's N dimension).
+// Skipped when no row of the warp moved (alpha == 1 exactly: the same result), which is most tiles
+// of a long span. Called by every lane of the warp.
 template <bool kNarrow, int kBlocks>
 __device__ __forceinline__ void rescale_o(float (&o)[kBlocks][4], const float (&alpha)[2]) {
+  if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
 #pragma unroll
   for (int d = 0; d < kBlocks; ++d) {
 #pragma unroll
@@ -280,6 +196,10 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   // wait; at it = 0 the wait, then one group with Q and the new rows, so tile 0 needs all but the
   // newest group.
   const int new_begin = p.call.causal ? max(w.kb, w.kv_len - w.q_len) : w.kb;
+  // Narrow layout: this lane's V^T ldmatrix offsets (bytes) inside a stage, the same for every
+  // tile (recomputed per tile they were ~25 of the warp's ~250 compute instructions per tile). Set
+  // once the prologue's copies are issued: code run before them delays a small batch's first tile.
+  std::uint32_t v_off[kNarrow ? kOB : 1];
   if (!early) load_q();
 #pragma unroll 1
   for (int it = 1 - C::kStages; it < n_tiles; ++it) {
@@ -307,7 +227,19 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       }
       cp_async_commit();
     }
-    if (it < 0) continue;
+    if (it < 0) {
+      if constexpr (kNarrow) {
+        if (it == -1) {
+          const int vrow = wk * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
+#pragma unroll
+          for (int mb = 0; mb < kOB; ++mb) {
+            v_off[mb] = sizeof(T) * swizzled_offset<kHeadDim>(vrow, mb * 2 + (lane / 8) % 2);
+            asm volatile("" : "+r"(v_off[mb]));  // kept in a register: nvcc recomputes it per tile
+          }
+        }
+      }
+      continue;
+    }
     if (early && it == 0)
       cp_async_wait<1>();
     else
@@ -350,19 +282,18 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       fold_tile_max(m, l, mx, column_max, alpha, m_use);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[e] = exp2f(sc[e] - m_use[e & 1]);
+        sc[e] = fast_exp2(sc[e] - m_use[e & 1]);
         l[e & 1] += sc[e];
       }
       rescale_o<kNarrow>(o, alpha);
       // O^T += V^T P^T: P^T (keys x rows) as the B operand, transposed from the accumulator.
       const uint32_t b[2] = {movmatrix_trans(MmaType<T>::pack(sc[0], sc[1])),
                              movmatrix_trans(MmaType<T>::pack(sc[2], sc[3]))};
-      const int vrow = wk * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
+      const std::uint32_t v_stage = smem_addr(v_tile);
 #pragma unroll
       for (int mb = 0; mb < kOB; ++mb) {
         uint32_t a[4];  // V^T: dims mb * 16 + (0..15) x this warp's 16 keys
-        ldmatrix_x4_trans(
-            a, smem_addr(v_tile + swizzled_offset<kHeadDim>(vrow, mb * 2 + (lane / 8) % 2)));
+        ldmatrix_x4_trans(a, v_stage + v_off[mb]);
         mma_16816<T>(o[mb], a, b);
       }
     } else {
@@ -406,7 +337,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[nb][e] = exp2f(s[nb][e] - m_use[e / 2]);
+          s[nb][e] = fast_exp2(s[nb][e] - m_use[e / 2]);
           l[e / 2] += s[nb][e];
         }
       }

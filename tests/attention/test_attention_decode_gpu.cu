@@ -181,5 +181,26 @@ TEST_F(AttentionDecode, BadConfigNamesTheField) {
   EXPECT_TRUE(refused(c, {"dtype"}));
 }
 
+// The decode copies offset a page in 32 bits: a KV view whose one page (all KV heads) exceeds 2^31
+// bytes is refused by run(), naming kv.page_size, before anything is launched.
+TEST_F(AttentionDecode, OversizedPageIsRefusedAtRun) {
+  const Shape shape{32, 8, 128, 16, kBF16, kCausal};
+  const Capacity cap{1, 1, 64, 2, 4, 8};
+  DevicePagedBatch dev(shape, cap);
+  auto c = good_config();
+  c.max_batch = 1;
+  c.max_q_tokens = 1;
+  c.max_kv_len = 64;
+  const PagedAttention attn(c);
+  PagedKvView kv = dev.view();  // a valid view but for the page size
+  kv.page_size = 1 << 20;       // 8 heads x 2^20 rows x 128 dims x 2 bytes = 2^31 bytes
+  try {
+    attn.run(dev.batch(), kv, dev.q(), dev.out(), dev.lse(), nullptr);
+    ADD_FAILURE() << "accepted a 2^31-byte page";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "kv.page_size") << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace graphdecode

@@ -1,0 +1,149 @@
+// K/V tiles of the paged attention kernel: shared-memory tile geometry (TileConfig) and the
+// cp.async copies that gather a 64-key tile of K and V through the request's page table into a
+// pipeline stage (swizzled rows, zero-filled outside the item's key span, released pages never
+// dereferenced).
+#pragma once
+
+#include <cstdint>
+
+#include "attention/attention_params.cuh"
+#include "attention/mma_utils.cuh"
+#include "attention/work_item.cuh"
+#include "memory/kv_layout.h"
+
+namespace graphdecode::attn {
+
+// K/V copies with an L2 evict-first policy: K/V stream through once, so they should not push the
+// plan, page tables, partials and the next layer's inputs out of L2. H100, two A/B runs: per layer
+// of a step B=8 L=2048 31.5 -> 30.2 us, L=8192 99.4 -> 98.3, B=256 L=2048 724 -> 719; standalone
+// calls within -0.5..+0.2 us (bench/NOTES.md 31, 35).
+#ifndef GD_ATTN_KV_EVICT_FIRST
+#define GD_ATTN_KV_EVICT_FIRST 1
+#endif
+
+// Pipeline depth (head dims <= 128) and CTAs per SM: experiment knobs. H100, B=8 L=32768: 2 stages
+// stream as fast as 3; one CTA per SM with 4 or 6 stages (and the grid sized for it) streams at
+// 74% of copy instead of 97% (bench/NOTES.md 36).
+#ifndef GD_ATTN_STAGES
+#define GD_ATTN_STAGES 3
+#endif
+#ifndef GD_ATTN_MIN_BLOCKS
+#define GD_ATTN_MIN_BLOCKS 2
+#endif
+template <int kHeadDim>
+struct TileConfig {
+  static constexpr int kStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kQElems = kMaxRows * kHeadDim;
+  static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
+  static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
+  // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
+  static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
+};
+
+// One 16-byte piece (i = row * kChunksPerRow + chunk of the 64-key tile) of K and of V.
+// `policy`: the L2 policy of the copies (GD_ATTN_KV_EVICT_FIRST), made once per work item.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkItem& w, int key0,
+                                              T* sK, T* sV, int i, std::uint64_t policy) {
+  using C = TileConfig<kHeadDim>;
+  const int row = i / C::kChunksPerRow;
+  const int ch = i % C::kChunksPerRow;
+  const int key = key0 + row;
+  bool valid = key >= w.kb && key < w.ke;
+  std::int64_t off = 0;
+  if (valid) {
+    const int page_idx = p.page_div.div(key);  // page_of_token without the division
+    const int page = page_at(p.kv, w.slot, page_idx);
+    valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
+    off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
+  }
+  const int s = swizzled_offset<kHeadDim>(row, ch);
+#if GD_ATTN_KV_EVICT_FIRST
+  cp_async_16_policy(sK + s, static_cast<const T*>(p.kv.k) + off, valid, policy);
+  cp_async_16_policy(sV + s, static_cast<const T*>(p.kv.v) + off, valid, policy);
+#else
+  cp_async_16(sK + s, static_cast<const T*>(p.kv.k) + off, valid);
+  cp_async_16(sV + s, static_cast<const T*>(p.kv.v) + off, valid);
+#endif
+}
+
+// The decode layout's tile copy: the pieces of load_kv_piece with only what changes per piece
+// computed per piece (about a third of its instructions; the copies are most of what a decode CTA
+// issues). Thread t copies 16-byte column t % kChunksPerRow of rows t / kChunksPerRow +
+// j * kRowsPerPass; a page's bytes fit 32 bits (checked at run()), so a piece's address is one
+// 32 x 32 -> 64-bit multiply-add.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const WorkItem& w,
+                                                  int key0, T* sK, T* sV, std::uint64_t policy) {
+  using C = TileConfig<kHeadDim>;
+  constexpr int kRowsPerPass = kThreads / C::kChunksPerRow;
+  constexpr unsigned kRowBytes = kHeadDim * sizeof(T);
+  const int ch = static_cast<int>(threadIdx.x) % C::kChunksPerRow;
+  const int row0 = static_cast<int>(threadIdx.x) / C::kChunksPerRow;
+  const std::int32_t* table =
+      p.kv.page_table + static_cast<std::int64_t>(w.slot) * p.kv.max_pages_per_slot;
+  const unsigned page_size = static_cast<unsigned>(p.kv.page_size);
+  const unsigned page_bytes = static_cast<unsigned>(p.kv.num_kv_heads) * page_size * kRowBytes;
+  const unsigned col_bytes = static_cast<unsigned>(w.kv_head) * page_size * kRowBytes + ch * 16;
+  const unsigned num_pages = static_cast<unsigned>(p.kv.num_pages);
+  const char* k = static_cast<const char*>(p.kv.k);
+  const char* v = static_cast<const char*>(p.kv.v);
+  // Rows step by a multiple of 8 at head dims 64 and 128, so the swizzle phase is the thread's own.
+  const int s0 = swizzled_offset<kHeadDim>(row0, ch);
+#pragma unroll 1
+  for (int row = row0; row < kBlockN; row += kRowsPerPass) {
+    const int key = key0 + row;  // >= 0
+    bool valid = key >= w.kb && key < w.ke;
+    const unsigned page_idx = static_cast<unsigned>(p.page_div.div(key));
+    const unsigned in_page = static_cast<unsigned>(key) - page_idx * page_size;
+    const std::int32_t* entry = table + page_idx;
+    const unsigned page = valid ? static_cast<unsigned>(*entry) : 0u;
+    valid = valid && page < num_pages;  // never dereference a released page
+    const std::uint64_t off =
+        static_cast<std::uint64_t>(page) * page_bytes + (col_bytes + in_page * kRowBytes);
+    const int s =
+        kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim : swizzled_offset<kHeadDim>(row, ch);
+#if GD_ATTN_KV_EVICT_FIRST
+    cp_async_16_policy(sK + s, k + off, valid, policy);
+    cp_async_16_policy(sV + s, v + off, valid, policy);
+#else
+    cp_async_16(sK + s, k + off, valid);
+    cp_async_16(sV + s, v + off, valid);
+#endif
+  }
+}
+
+// (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
+// the per-copy form lets the compiler overlap each lookup with the previous copies.)
+// Two loops: a count in `#pragma unroll(...)` would also change the compiler's own unrolling of
+// the extend layout's loop.
+template <typename T, int kHeadDim, bool kRolled>
+__device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
+                                             T* sK, T* sV, std::uint64_t policy) {
+  constexpr int kPieces = kBlockN * TileConfig<kHeadDim>::kChunksPerRow;
+  if constexpr (kRolled) {
+    load_kv_tile_lean<T, kHeadDim>(p, w, key0, sK, sV, policy);
+  } else {
+    for (int i = threadIdx.x; i < kPieces; i += kThreads)
+      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
+  }
+}
+
+// Early start (p.early_kv): the pieces of a tile whose key is (`inside`) or is not (!`inside`) in
+// [lo, hi), i.e. the rows the kernel before may still be writing, or every other row.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void load_kv_tile_part(const KernelParams& p, const WorkItem& w,
+                                                  int key0, T* sK, T* sV, std::uint64_t policy,
+                                                  int lo, int hi, bool inside) {
+  using C = TileConfig<kHeadDim>;
+  constexpr int kPieces = kBlockN * C::kChunksPerRow;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < kPieces; i += kThreads) {
+    const int key = key0 + i / C::kChunksPerRow;
+    if ((key >= lo && key < hi) == inside)
+      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
+  }
+}
+
+}  // namespace graphdecode::attn
