@@ -275,14 +275,16 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       for (int e = 0; e < 4; ++e) {
         const int i = e & 1, key = key_g + 8 * (e / 2);
         const bool vis = key >= row_lo[i] && key <= row_hi[i];
-        sc[e] = vis ? sc[e] * p.scale_log2 : -INFINITY;
+        sc[e] = vis ? sc[e] : -INFINITY;  // unscaled: the scale rides in the exponent's FFMA
         mx[i] = fmaxf(mx[i], sc[e]);
       }
+      mx[0] *= p.scale_log2;  // (max of x) * s == max of (x * s) for s > 0, rounding included
+      mx[1] *= p.scale_log2;
       float alpha[2], m_use[2];
       fold_tile_max(m, l, mx, column_max, alpha, m_use);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[e] = fast_exp2(sc[e] - m_use[e & 1]);
+        sc[e] = fast_exp2(fmaf(sc[e], p.scale_log2, -m_use[e & 1]));
         l[e & 1] += sc[e];
       }
       rescale_o<kNarrow>(o, alpha);
@@ -327,17 +329,19 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
           const int i = e / 2;
           const int key = key_tile + wk * kKeysPerWarp + nb * 8 + 2 * t4 + (e & 1);
           const bool vis = key >= row_lo[i] && key <= row_hi[i];
-          s[nb][e] = vis ? s[nb][e] * p.scale_log2 : -INFINITY;
+          s[nb][e] = vis ? s[nb][e] : -INFINITY;  // unscaled, as in the narrow layout
           mx[i] = fmaxf(mx[i], s[nb][e]);
         }
       }
+      mx[0] *= p.scale_log2;
+      mx[1] *= p.scale_log2;
       float alpha[2], m_use[2];
       fold_tile_max(m, l, mx, quad_max, alpha, m_use);
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[nb][e] = fast_exp2(s[nb][e] - m_use[e / 2]);
+          s[nb][e] = fast_exp2(fmaf(s[nb][e], p.scale_log2, -m_use[e / 2]));
           l[e / 2] += s[nb][e];
         }
       }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention_params.cuh"
 #include "attention/mma_utils.cuh"
@@ -91,17 +92,7 @@ __device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const W
   const char* v = static_cast<const char*>(p.kv.v);
   // Rows step by a multiple of 8 at head dims 64 and 128, so the swizzle phase is the thread's own.
   const int s0 = swizzled_offset<kHeadDim>(row0, ch);
-#pragma unroll 1
-  for (int row = row0; row < kBlockN; row += kRowsPerPass) {
-    const int key = key0 + row;  // >= 0
-    bool valid = key >= w.kb && key < w.ke;
-    const unsigned page_idx = static_cast<unsigned>(p.page_div.div(key));
-    const unsigned in_page = static_cast<unsigned>(key) - page_idx * page_size;
-    const std::int32_t* entry = table + page_idx;
-    const unsigned page = valid ? static_cast<unsigned>(*entry) : 0u;
-    valid = valid && page < num_pages;  // never dereference a released page
-    const std::uint64_t off =
-        static_cast<std::uint64_t>(page) * page_bytes + (col_bytes + in_page * kRowBytes);
+  const auto copy = [&](int row, std::uint64_t off, bool valid) {
     const int s =
         kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim : swizzled_offset<kHeadDim>(row, ch);
 #if GD_ATTN_KV_EVICT_FIRST
@@ -111,7 +102,31 @@ __device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const W
     cp_async_16(sK + s, k + off, valid);
     cp_async_16(sV + s, v + off, valid);
 #endif
-  }
+  };
+  // kPair: rows row and row + kRowsPerPass share a page (the page size is a multiple of twice the
+  // step and tiles start at multiples of 64), so one page lookup serves both pieces.
+  const auto copy_rows = [&](auto pair) {
+    constexpr bool kPair = decltype(pair)::value;
+#pragma unroll 1
+    for (int row = row0; row < kBlockN; row += kPair ? 2 * kRowsPerPass : kRowsPerPass) {
+      const int key = key0 + row;  // >= 0
+      const bool valid0 = key >= w.kb && key < w.ke;
+      const bool valid1 = kPair && key + kRowsPerPass >= w.kb && key + kRowsPerPass < w.ke;
+      const unsigned page_idx = static_cast<unsigned>(p.page_div.div(key));
+      const unsigned in_page = static_cast<unsigned>(key) - page_idx * page_size;
+      const std::int32_t* entry = table + page_idx;
+      const unsigned page = valid0 || valid1 ? static_cast<unsigned>(*entry) : 0u;
+      const bool live = page < num_pages;  // never dereference a released page
+      const std::uint64_t off =
+          static_cast<std::uint64_t>(page) * page_bytes + (col_bytes + in_page * kRowBytes);
+      copy(row, off, valid0 && live);
+      if constexpr (kPair) copy(row + kRowsPerPass, off + kRowsPerPass * kRowBytes, valid1 && live);
+    }
+  };
+  if (page_size % (2 * kRowsPerPass) == 0)
+    copy_rows(std::true_type{});
+  else
+    copy_rows(std::false_type{});
 }
 
 // (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
