@@ -207,9 +207,9 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       grid_dependency_sync();
       load_q();
       for (int t = 0; t < C::kStages - 1 && t < n_tiles; ++t)
-        load_kv_tile_part<T, kHeadDim>(p, w, key_begin + t * kBlockN, sK + t * kBlockN * kHeadDim,
-                                       sV + t * kBlockN * kHeadDim, kv_policy, new_begin, w.ke,
-                                       true);
+        load_kv_tile<T, kHeadDim, true, true>(
+            p, w, key_begin + t * kBlockN, sK + t * kBlockN * kHeadDim, sV + t * kBlockN * kHeadDim,
+            kv_policy, new_begin, w.ke, true);
       cp_async_commit();
     }
     {
@@ -219,8 +219,8 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
         T* k_dst = sK + st * kBlockN * kHeadDim;
         T* v_dst = sV + st * kBlockN * kHeadDim;
         if (early && it < 0)
-          load_kv_tile_part<T, kHeadDim>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst, kv_policy,
-                                         new_begin, w.ke, false);
+          load_kv_tile<T, kHeadDim, true, true>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
+                                                kv_policy, new_begin, w.ke, false);
         else
           load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
                                              kv_policy);

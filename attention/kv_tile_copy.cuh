@@ -42,41 +42,22 @@ struct TileConfig {
   static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
 };
 
-// One 16-byte piece (i = row * kChunksPerRow + chunk of the 64-key tile) of K and of V.
-// `policy`: the L2 policy of the copies (GD_ATTN_KV_EVICT_FIRST), made once per work item.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void load_kv_piece(const KernelParams& p, const WorkItem& w, int key0,
-                                              T* sK, T* sV, int i, std::uint64_t policy) {
-  using C = TileConfig<kHeadDim>;
-  const int row = i / C::kChunksPerRow;
-  const int ch = i % C::kChunksPerRow;
-  const int key = key0 + row;
-  bool valid = key >= w.kb && key < w.ke;
-  std::int64_t off = 0;
-  if (valid) {
-    const int page_idx = p.page_div.div(key);  // page_of_token without the division
-    const int page = page_at(p.kv, w.slot, page_idx);
-    valid = page >= 0 && page < p.kv.num_pages;  // never dereference a released page
-    off = kv_element_offset(p.kv, page, w.kv_head, key - page_idx * p.kv.page_size) + ch * 8;
-  }
-  const int s = swizzled_offset<kHeadDim>(row, ch);
-#if GD_ATTN_KV_EVICT_FIRST
-  cp_async_16_policy(sK + s, static_cast<const T*>(p.kv.k) + off, valid, policy);
-  cp_async_16_policy(sV + s, static_cast<const T*>(p.kv.v) + off, valid, policy);
-#else
-  cp_async_16(sK + s, static_cast<const T*>(p.kv.k) + off, valid);
-  cp_async_16(sV + s, static_cast<const T*>(p.kv.v) + off, valid);
-#endif
-}
-
-// The decode layout's tile copy: the pieces of load_kv_piece with only what changes per piece
-// computed per piece (about a third of its instructions; the copies are most of what a decode CTA
-// issues). Thread t copies 16-byte column t % kChunksPerRow of rows t / kChunksPerRow +
-// j * kRowsPerPass; a page's bytes fit 32 bits (checked at run()), so a piece's address is one
-// 32 x 32 -> 64-bit multiply-add.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const WorkItem& w,
-                                                  int key0, T* sK, T* sV, std::uint64_t policy) {
+// Copies a 64-key tile of K and V (keys key0 ..) into a pipeline stage: thread t copies 16-byte
+// column t % kChunksPerRow of rows t / kChunksPerRow + j * kRowsPerPass. Pieces outside the item's
+// keys [kb, ke), or on a released page, are zero-filled and never read. A piece's address is
+// kv_element_offset's (memory/kv_layout.h) in bytes, one 32 x 32 -> 64-bit multiply-add (a page
+// of all KV heads is under 2^31 bytes, checked by run()): the copies are most of the instructions
+// a decode CTA issues (69 per piece in the int64 form, 38 in this one; bench/NOTES.md 58).
+// kRolled: a rolled loop (the decode layout: less code to fetch cold), else unrolled (the extend
+// layout's schedule needs it). kFiltered (early start, p.early_kv): only the pieces whose key is
+// (`inside`) or is not (!`inside`) in [lo, hi), i.e. the rows the kernel before may still be
+// writing, or every other row; the others are not touched at all (another commit group fills them).
+// (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100: the
+// per-copy form lets the compiler overlap each lookup with the previous copies.)
+template <typename T, int kHeadDim, bool kRolled, bool kFiltered = false>
+__device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
+                                             T* sK, T* sV, std::uint64_t policy, int lo = 0,
+                                             int hi = 0, bool inside = false) {
   using C = TileConfig<kHeadDim>;
   constexpr int kRowsPerPass = kThreads / C::kChunksPerRow;
   constexpr unsigned kRowBytes = kHeadDim * sizeof(T);
@@ -92,7 +73,9 @@ __device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const W
   const char* v = static_cast<const char*>(p.kv.v);
   // Rows step by a multiple of 8 at head dims 64 and 128, so the swizzle phase is the thread's own.
   const int s0 = swizzled_offset<kHeadDim>(row0, ch);
+  const auto wanted = [&](int key) { return !kFiltered || (key >= lo && key < hi) == inside; };
   const auto copy = [&](int row, std::uint64_t off, bool valid) {
+    if (!wanted(key0 + row)) return;
     const int s =
         kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim : swizzled_offset<kHeadDim>(row, ch);
 #if GD_ATTN_KV_EVICT_FIRST
@@ -107,58 +90,36 @@ __device__ __forceinline__ void load_kv_tile_lean(const KernelParams& p, const W
   // step and tiles start at multiples of 64), so one page lookup serves both pieces.
   const auto copy_rows = [&](auto pair) {
     constexpr bool kPair = decltype(pair)::value;
-#pragma unroll 1
-    for (int row = row0; row < kBlockN; row += kPair ? 2 * kRowsPerPass : kRowsPerPass) {
+    constexpr int kStride = kPair ? 2 * kRowsPerPass : kRowsPerPass;
+    const auto rows = [&](int row) {
       const int key = key0 + row;  // >= 0
       const bool valid0 = key >= w.kb && key < w.ke;
       const bool valid1 = kPair && key + kRowsPerPass >= w.kb && key + kRowsPerPass < w.ke;
+      const bool read = (valid0 && wanted(key)) || (valid1 && wanted(key + kRowsPerPass));
       const unsigned page_idx = static_cast<unsigned>(p.page_div.div(key));
       const unsigned in_page = static_cast<unsigned>(key) - page_idx * page_size;
       const std::int32_t* entry = table + page_idx;
-      const unsigned page = valid0 || valid1 ? static_cast<unsigned>(*entry) : 0u;
+      const unsigned page = read ? static_cast<unsigned>(*entry) : 0u;
       const bool live = page < num_pages;  // never dereference a released page
       const std::uint64_t off =
           static_cast<std::uint64_t>(page) * page_bytes + (col_bytes + in_page * kRowBytes);
       copy(row, off, valid0 && live);
       if constexpr (kPair) copy(row + kRowsPerPass, off + kRowsPerPass * kRowBytes, valid1 && live);
+    };
+    if constexpr (kRolled) {
+#pragma unroll 1
+      for (int row = row0; row < kBlockN; row += kStride) rows(row);
+    } else {
+#pragma unroll
+      for (int row = row0; row < kBlockN; row += kStride) rows(row);
     }
   };
-  if (page_size % (2 * kRowsPerPass) == 0)
+  // The filtered copies (a step's first tiles only) keep one form: their code is fetched cold on
+  // the critical path of a small batch's step.
+  if (!kFiltered && page_size % (2 * kRowsPerPass) == 0)
     copy_rows(std::true_type{});
   else
     copy_rows(std::false_type{});
-}
-
-// (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100:
-// the per-copy form lets the compiler overlap each lookup with the previous copies.)
-// Two loops: a count in `#pragma unroll(...)` would also change the compiler's own unrolling of
-// the extend layout's loop.
-template <typename T, int kHeadDim, bool kRolled>
-__device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
-                                             T* sK, T* sV, std::uint64_t policy) {
-  constexpr int kPieces = kBlockN * TileConfig<kHeadDim>::kChunksPerRow;
-  if constexpr (kRolled) {
-    load_kv_tile_lean<T, kHeadDim>(p, w, key0, sK, sV, policy);
-  } else {
-    for (int i = threadIdx.x; i < kPieces; i += kThreads)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
-  }
-}
-
-// Early start (p.early_kv): the pieces of a tile whose key is (`inside`) or is not (!`inside`) in
-// [lo, hi), i.e. the rows the kernel before may still be writing, or every other row.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void load_kv_tile_part(const KernelParams& p, const WorkItem& w,
-                                                  int key0, T* sK, T* sV, std::uint64_t policy,
-                                                  int lo, int hi, bool inside) {
-  using C = TileConfig<kHeadDim>;
-  constexpr int kPieces = kBlockN * C::kChunksPerRow;
-#pragma unroll 1
-  for (int i = threadIdx.x; i < kPieces; i += kThreads) {
-    const int key = key0 + i / C::kChunksPerRow;
-    if ((key >= lo && key < hi) == inside)
-      load_kv_piece<T, kHeadDim>(p, w, key0, sK, sV, i, policy);
-  }
 }
 
 }  // namespace graphdecode::attn

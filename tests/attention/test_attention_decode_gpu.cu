@@ -181,8 +181,8 @@ TEST_F(AttentionDecode, BadConfigNamesTheField) {
   EXPECT_TRUE(refused(c, {"dtype"}));
 }
 
-// The decode copies offset a page in 32 bits: a KV view whose one page (all KV heads) exceeds 2^31
-// bytes is refused by run(), naming kv.page_size, before anything is launched.
+// The K/V tile copies offset a page in 32 bits: a KV view whose one page (all KV heads) exceeds
+// 2^31 bytes is refused by run(), naming kv.page_size, before anything is launched.
 TEST_F(AttentionDecode, OversizedPageIsRefusedAtRun) {
   const Shape shape{32, 8, 128, 16, kBF16, kCausal};
   const Capacity cap{1, 1, 64, 2, 4, 8};
