@@ -466,10 +466,8 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   for (int item = blockIdx.x;;) {
     WorkItem w;
     int total = 0;  // work items of the call, the same in every CTA
-    const bool has = !p.self_plan ? planned_work_item(p, item, w, total)
-                     : p.call.max_batch <= 32 && GD_ATTN_WARP_PLAN
-                         ? self_planned_work_item<32>(p, item, w, total)
-                         : self_planned_work_item<kThreads>(p, item, w, total);
+    const bool has = p.self_plan ? self_planned_work_item(p, item, w, total)
+                                 : planned_work_item(p, item, w, total);
     if (has) {
       GD_TRACE_POINT(1);
       GD_TRACE_ITEM(w);

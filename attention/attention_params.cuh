@@ -32,10 +32,6 @@ constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
 #endif
 constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
 constexpr int kMaxAdaptiveChunks = 64;
-// Self-planning launches of max_batch <= 32: every warp plans the batch alone (work_item.cuh).
-#ifndef GD_ATTN_WARP_PLAN
-#define GD_ATTN_WARP_PLAN 1
-#endif
 
 // Per-request plan written by the device planner. [max_batch (+1)] each.
 struct PlanView {

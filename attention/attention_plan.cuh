@@ -71,8 +71,6 @@ __device__ __forceinline__ int chunks_of(const RequestShape& s, int chunk_size) 
 // Exclusive prefix sum over a block of kBlock threads (warp shuffles + one shared array of warp
 // totals); `total` gets the block's sum. Small code on purpose: planning runs cold, on the critical
 // path of every attention launch.
-// kBlock == 32: every warp scans its own lanes, with no shared memory and no barrier (a block
-// whose warps each plan the whole batch).
 template <int kBlock>
 __device__ __forceinline__ int block_exclusive_sum(int v, int& total,
                                                    int* s_warp /*[kBlock/32 + 1]*/) {
@@ -83,10 +81,6 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int& total,
   for (int o = 1; o < 32; o *= 2) {
     const int y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
-  }
-  if constexpr (kBlock == 32) {
-    total = __shfl_sync(0xffffffffu, x, 31);
-    return x - v;
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
@@ -106,11 +100,10 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int& total,
   return before;
 }
 
-// Sum over a block of kBlock threads (values >= 0 whose total fits an int); kBlock == 32: per warp.
+// Sum over a block of kBlock threads (values >= 0 whose total fits an int).
 template <int kBlock>
 __device__ __forceinline__ int block_sum(int v, int* s_warp /*[kBlock/32]*/) {
   const int w = __reduce_add_sync(0xffffffffu, v);
-  if constexpr (kBlock == 32) return w;  // per warp, as block_exclusive_sum<32>
   if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = w;
   __syncthreads();
   int total = 0;

@@ -101,25 +101,19 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
 
 // Planned inside the CTA (p.self_plan; the batch has at most kThreads requests): thread i reads
 // request i, the block runs the planner's passes (same functions, so the same plan), and the
-// thread whose request owns `item` hands its fields over. This removes the planner launch and its
-// grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 -> 16.1 us per call; the
-// planning code each CTA fetches cold is most of what remains).
-// kWidth 32 (max_batch <= 32): each warp plans the whole batch on its own (lane i = request i,
-// shuffles instead of shared memory and barriers: shorter code on the cold path). kWidth
-// kThreads: the block plans it, request i on thread i, the fields handed over in shared memory.
-template <int kWidth>
+// thread whose request owns `item` hands its fields over through shared memory. This removes the
+// planner launch and its grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 ->
+// 16.1 us per call; the planning code each CTA now fetches cold is most of what remains).
 __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item, WorkItem& w,
                                                        int& total) {
-  constexpr bool kWarp = kWidth == 32;
-  static_assert(kWarp || kWidth == kThreads);
-  __shared__ int s_warp[kWarp ? 1 : kThreads / 32 + 1];
-  __shared__ int s_sum[kWarp ? 1 : kThreads / 32];
+  __shared__ int s_warp[kThreads / 32 + 1];
+  __shared__ int s_sum[kThreads / 32];
   __shared__ ItemSource s_src;
   __shared__ int s_found;
   const PlanParams& pp = p.call;
-  const int n = read_num_requests(pp.batch, pp.max_batch);  // max_batch <= kWidth
+  const int n = read_num_requests(pp.batch, pp.max_batch);  // max_batch <= kThreads
   const int window = read_window(pp.batch, pp.causal);
-  const int r = threadIdx.x % kWidth;
+  const int r = threadIdx.x;
   const bool live = r < n;
   RequestShape s;
   int slot = 0;
@@ -127,45 +121,24 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     s = request_shape(pp, r, window);
     slot = pp.batch.slot[r];
   }
-  if (!kWarp && threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
+  if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
   const int total_base =
-      pp.deterministic ? 0 : block_sum<kWidth>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
+      pp.deterministic ? 0 : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
   const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
   int parts_total = 0, items_total = 0;
   const RequestPlan rp =
-      plan_round<kWidth>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+      plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
   total = min(items_total, pp.max_work);  // as the planner's total_items
   const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
-  const bool owns = live && item >= rp.item_off && item < rp.item_off + items;
-  if constexpr (kWarp) {
-    const unsigned owners = __ballot_sync(0xffffffffu, owns);
-    if (owners == 0) return false;  // uniform over the CTA (every warp planned the same)
-    const int o = __ffs(owners) - 1;
-    const auto from_owner = [&](int v) { return __shfl_sync(0xffffffffu, v, o); };
-    const ItemSource src{o,
-                         from_owner(rp.item_off),
-                         from_owner(rp.tiles),
-                         from_owner(rp.chunks),
-                         from_owner(rp.chunk),
-                         from_owner(s.first_key),
-                         from_owner(s.last_key + 1),
-                         from_owner(rp.part_off),
-                         from_owner(s.q_begin),
-                         from_owner(s.q_len),
-                         from_owner(s.kv_len),
-                         from_owner(slot)};
-    return fill_work_item(p, item, src, w);
-  } else {
-    if (owns) {
-      s_src = ItemSource{r,         rp.item_off, rp.tiles,       rp.chunks,
-                         rp.chunk,  s.first_key, s.last_key + 1, rp.part_off,
-                         s.q_begin, s.q_len,     s.kv_len,       slot};
-      s_found = 1;
-    }
-    __syncthreads();
-    if (!s_found) return false;  // uniform over the CTA
-    return fill_work_item(p, item, s_src, w);
+  if (live && item >= rp.item_off && item < rp.item_off + items) {
+    s_src = ItemSource{r,         rp.item_off, rp.tiles,       rp.chunks,
+                       rp.chunk,  s.first_key, s.last_key + 1, rp.part_off,
+                       s.q_begin, s.q_len,     s.kv_len,       slot};
+    s_found = 1;
   }
+  __syncthreads();
+  if (!s_found) return false;  // uniform over the CTA
+  return fill_work_item(p, item, s_src, w);
 }
 
 // Tile row -> (token of the request, query head): rows are (token, head-in-group) pairs.
