@@ -227,7 +227,9 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
              "kv.max_pages_per_slot", kv.max_pages_per_slot,
              "page table rows are shorter than max_kv_len");
   // The K/V tile copies offset a page in 32 bits (kv_tile_copy.cuh, load_kv_tile).
-  GD_REQUIRE(static_cast<long long>(kv.num_kv_heads) * kv.page_size * kv.head_dim * 2 <= INT32_MAX,
+  GD_REQUIRE(static_cast<long long>(kv.num_kv_heads) * kv.page_size * kv.head_dim *
+                     static_cast<long long>(dtype_bytes(c.dtype)) <=
+                 INT32_MAX,
              "kv.page_size", kv.page_size, "one page of all KV heads must stay under 2^31 bytes");
   GD_REQUIRE(prior == PriorWrites::kAnything || prior == PriorWrites::kQueryAndNewKv, "prior",
              static_cast<int>(prior), "unknown PriorWrites value");
