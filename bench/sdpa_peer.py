@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch SDPA peer for bench_attention's decode shapes (contiguous K/V, not paged).
 
-    python3 bench/sdpa_peer.py [--json PATH] [--reps N] [--quick]
+    python3 bench/sdpa_peer.py [--json PATH] [--reps N] [--quick] [--batches 1,8] [--lens 512,2048]
+                               [--backend flash|cudnn]
 
 q [B, 32, 1, 128], k/v [B, 8, L, 128] bf16 with enable_gqa=True (falls back to K/V expanded to
 32 heads when a backend refuses GQA; the row then says layout "expanded" and its bytes still count
@@ -145,16 +146,25 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batches", default=None, help="comma-separated B values (default: the table's)")
+    ap.add_argument("--lens", default=None, help="comma-separated L values (default: the table's)")
+    ap.add_argument("--backend", default=None, help="only this backend (flash or cudnn)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("sdpa_peer: no CUDA device", file=sys.stderr)
         return 1
     batches = [1, 64] if args.quick else [1, 8, 64, 256]
     lens = [2048, 8192] if args.quick else [512, 2048, 8192, 32768]
+    if args.batches:
+        batches = [int(x) for x in args.batches.split(",")]
+    if args.lens:
+        lens = [int(x) for x in args.lens.split(",")]
     flush = torch.empty(max(4 * l2_bytes(), 64 << 20) // 4, device="cuda", dtype=torch.float32)
     flush.zero_()
     rows = []
     for name, backend in backends():
+        if args.backend and name != args.backend:
+            continue
         for b in batches:
             for l in lens:
                 rows.append(bench_shape(b, l, name, backend, flush, max(50, args.reps)))
