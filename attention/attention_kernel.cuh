@@ -246,6 +246,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       cp_async_wait<C::kStages - 1>();
     __syncthreads();
     if (it == 0) GD_TRACE_POINT(2);
+    GD_TRACE_TILE(it, n_tiles);
     const int st = it % C::kStages;
     const T* k_tile = sK + st * kBlockN * kHeadDim;
     const T* v_tile = sV + st * kBlockN * kHeadDim;

@@ -5,6 +5,8 @@
 //   f = 2i, 2i+1: globaltimer, clock64 at point i: 0 entry, 1 work item known, 2 first K/V tile in
 //                 shared memory, 3 attention done, 4 exit (after the split-KV merge, if any)
 //   f = 10: smid | chunks << 16 | chunk << 32 | keys of the item << 40;  f = 11: 1 if it merged.
+//   f = 12 + j (j < 8): globaltimer when tile n_tiles * j / 8 of its item is in shared memory
+//                 (the stream's progress over time: does a CTA speed up once others are done?).
 #pragma once
 
 #ifndef GD_ATTN_TRACE
@@ -13,7 +15,7 @@
 
 #if GD_ATTN_TRACE
 namespace graphdecode::attn {
-constexpr int kTraceCtas = 8192, kTraceFields = 12;
+constexpr int kTraceCtas = 8192, kTraceFields = 20;
 __device__ unsigned long long g_attn_trace[kTraceCtas * kTraceFields];
 
 __device__ __forceinline__ void trace_value(int field, unsigned long long v) {
@@ -26,8 +28,19 @@ __device__ __forceinline__ void trace_point(int i) {
   trace_value(2 * i, g);
   trace_value(2 * i + 1, clock64());
 }
+__device__ __forceinline__ void trace_tile(int it, int n_tiles) {
+  for (int j = 0; j < 8; ++j) {
+    if (it == n_tiles * j / 8) {
+      unsigned long long g;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+      trace_value(12 + j, g);
+      break;
+    }
+  }
+}
 }  // namespace graphdecode::attn
 #define GD_TRACE_POINT(i) trace_point(i)
+#define GD_TRACE_TILE(it, n) trace_tile(it, n)
 #define GD_TRACE_ITEM(w)                                                           \
   do {                                                                             \
     unsigned smid_;                                                                \
@@ -40,6 +53,7 @@ __device__ __forceinline__ void trace_point(int i) {
 #define GD_TRACE_MERGED() trace_value(11, 1)
 #else
 #define GD_TRACE_POINT(i)
+#define GD_TRACE_TILE(it, n)
 #define GD_TRACE_ITEM(w)
 #define GD_TRACE_MERGED()
 #endif

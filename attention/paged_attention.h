@@ -152,7 +152,7 @@ void merge_attention_states(const MergeStatesArgs& args, cudaStream_t stream);
 #if GD_ATTN_TRACE
 namespace attn {  // diagnosis builds only: per-CTA timestamps of the last attention launch
 void clear_trace();
-std::vector<unsigned long long> read_trace();  // [8192 CTAs][12]
+std::vector<unsigned long long> read_trace();  // [8192 CTAs][20]
 }  // namespace attn
 #endif
 

@@ -14,6 +14,8 @@ metrics+=,l1tex__m_xbar2l1tex_read_bytes.sum,lts__average_gcomp_input_sector_suc
 # Clocks while the kernel runs (clocks are not locked): is either kernel power- or clock-limited?
 metrics+=,sm__cycles_elapsed.avg.per_second,lts__cycles_elapsed.avg.per_second
 metrics+=,dram__cycles_elapsed.avg.per_second
+# How evenly the SMs are busy: an SM whose CTAs finish early idles until the last one ends.
+metrics+=,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max
 echo "=== ours: attention_kernel, B=$b L=$l (graph nodes)"
 ncu --clock-control none --graph-profiling node --kernel-name regex:attention_kernel \
   --launch-skip 20 --launch-count 2 --metrics "$metrics" \
