@@ -54,6 +54,11 @@ namespace graphdecode::attn {
 // batch-invariant. H100, Llama-1B step (bench_decode, two runs): B=64 L=4096 5302 -> 5030 us,
 // L=1024 2417 -> 2378; B=8 within +-3 us; B=1 L=1024 1369 -> 1377 (the larger kernel's code,
 // though no B=1 item is that long). 512 keys: B=8 L=4096 1739 -> 1751 (bench/NOTES.md 53).
+// Experiment knob (bench/NOTES.md 65): wait for tile `it` before issuing tile it + kStages - 1,
+// so one tile fewer is in flight at each wait.
+#ifndef GD_ATTN_WAIT_FIRST
+#define GD_ATTN_WAIT_FIRST 0
+#endif
 #ifndef GD_ATTN_NARROW_MIN_KEYS
 #define GD_ATTN_NARROW_MIN_KEYS 1024
 #endif
@@ -212,7 +217,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
             kv_policy, new_begin, w.ke, true);
       cp_async_commit();
     }
-    {
+    const auto issue_next = [&] {
       const int nxt = it + C::kStages - 1;
       if (nxt < n_tiles) {
         const int st = nxt % C::kStages;
@@ -226,7 +231,8 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
                                              kv_policy);
       }
       cp_async_commit();
-    }
+    };
+    if (!GD_ATTN_WAIT_FIRST || it < 0) issue_next();
     if (it < 0) {
       if constexpr (kNarrow) {
         if (it == -1) {
@@ -240,11 +246,14 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       }
       continue;
     }
+    // Tile it is in the oldest group still open; at it = 0 of an early start, in the newest.
+    constexpr int kNewerGroups = GD_ATTN_WAIT_FIRST ? C::kStages - 2 : C::kStages - 1;
     if (early && it == 0)
-      cp_async_wait<1>();
+      cp_async_wait<GD_ATTN_WAIT_FIRST ? 0 : 1>();
     else
-      cp_async_wait<C::kStages - 1>();
+      cp_async_wait<kNewerGroups>();
     __syncthreads();
+    if (GD_ATTN_WAIT_FIRST) issue_next();
     if (it == 0) GD_TRACE_POINT(2);
     GD_TRACE_TILE(it, n_tiles);
     const int st = it % C::kStages;
