@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batches", default=None, help="comma-separated B values (default: the table's)")
     ap.add_argument("--lens", default=None, help="comma-separated L values (default: the table's)")
-    ap.add_argument("--backend", default=None, help="only this backend (flash or cudnn)")
+    ap.add_argument("--backend", default=None, choices=["flash", "cudnn"], help="only this backend")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("sdpa_peer: no CUDA device", file=sys.stderr)
