@@ -7,6 +7,7 @@
 
 #include "attention_check.h"
 #include "common/error.h"
+#include "common/stream.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -111,6 +112,36 @@ TEST_F(AttentionDecode, SlidingWindowLongContextSplitKv) {
     CaseOptions o;
     o.fill = FillOptions{window, true};
     EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, {{1, 32768}}, o, rng));
+  }
+}
+
+// Long chunks at a batch that fills the GPU once (B=8 x 8 KV heads, 4-5 chunks of 2k-8k keys per
+// head): which CTA finishes a (request, head) last, and so merges its partials, changes from run
+// to run. The outputs must not: each run matches the reference and the first run bitwise. Windows
+// cut the spans mid-chunk and mid-page.
+TEST_F(AttentionDecode, LongChunksRepeatBitwise) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  const Shape shape{32, 8, 128, 16, kBF16, kCausal};
+  for (std::int32_t window : {-1, 9000, 2500}) {
+    const auto reqs = shrink_for_sanitizer(decode_reqs(rng, 8, 8200, 33000), kCausal);
+    Stream stream;
+    HostPagedBatch host(shape, capacity_for(shape, reqs, rng));
+    DevicePagedBatch dev(shape, host.capacity());
+    const PagedAttention attn(host.config(/*deterministic=*/false));
+    host.fill(reqs, FillOptions{window, window >= 0}, rng);
+    dev.upload(host, stream);
+    CaseOptions o;
+    o.fill.window_left = window;
+    const std::string what = describe(shape, reqs, o);
+    const Outputs first = run_eager(attn, dev, host.total_q(), stream);
+    EXPECT_TRUE(matches_reference(host.reference(), first.out, &first.lse, shape.dtype)) << what;
+    for (int rep = 1; rep < 4; ++rep) {
+      const Outputs again = run_eager(attn, dev, host.total_q(), stream);
+      EXPECT_TRUE(bitwise_equal(first, 0, again, 0, host.total_q(),
+                                shape.num_q_heads * shape.head_dim, shape.num_q_heads))
+          << "run " << rep << " != run 0, " << what;
+    }
   }
 }
 

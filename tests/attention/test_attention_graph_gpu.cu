@@ -111,8 +111,10 @@ TEST_P(AttentionGraph, CausalReplayWithNewMetadata) {
   steps.push_back({decode_reqs(rng, 30, 1, 2500), 0});           // window 0
   auto mixed = extend_reqs(rng, 6, 1, 8, 0, 5000);
   for (const Req& r : decode_reqs(rng, 6, 1, 5000)) mixed.push_back(r);
-  steps.push_back({mixed, 4000});    // mixed verify/decode, big window
-  steps.push_back({{{1, 17}}, 15});  // one request, window = page - 1
+  steps.push_back({mixed, 4000});                              // mixed verify/decode, big window
+  steps.push_back({{{1, 17}}, 15});                            // one request, window = page - 1
+  steps.push_back({decode_reqs(rng, 8, 8200, 20000), -1});     // long chunks, split-KV
+  steps.push_back({decode_reqs(rng, 8, 12000, 20000), 9000});  // long chunks, window
   replay_steps({32, 8, 128, 16, DType::kBF16, AttentionMode::kCausal}, steps, GetParam());
 }
 
@@ -130,6 +132,7 @@ TEST_P(AttentionGraph, CrossReplayWithNewEncoderLengths) {
   steps.push_back({{{1, 1}, {1, 4999}, {1, 17}}, -1});
   steps.push_back({enc(5, 6), -1});
   steps.push_back({{{2, 20000}}, -1});
+  steps.push_back({decode_reqs(rng, 8, 8200, 20000), -1});  // long chunks, split-KV
   replay_steps({32, 8, 128, 16, DType::kFP16, AttentionMode::kCross}, steps, GetParam());
 }
 
