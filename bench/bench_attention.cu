@@ -65,10 +65,16 @@ Device device_info() {
 // shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
 // between two graphs whose kernels ncu times equal).
 bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
-// Diagnosis of the paged-gather cost: --page N (default 16) and --ordered-pages (each request's
-// pages consecutive in the pool instead of shuffled).
+// Diagnosis of the paged-gather cost: --page N (default 16); --ordered-pages (each request's
+// pages consecutive in the pool instead of shuffled); --shuffle-within N (each request's pages in
+// aligned groups of N consecutive pool pages, shuffled inside each group: near in address, so in
+// the same 2 MiB translation page at N * page bytes <= 2 MiB, far in DRAM order);
+// --interleaved-pages (request i holds pool pages i, i + B, i + 2B, ...: what an in-order
+// allocator hands out when B requests grow one page at a time).
 std::int32_t g_page = 16;
 bool g_shuffle_pages = true;
+std::int32_t g_shuffle_within = 0;  // 0: the whole pool
+bool g_interleave_pages = false;
 
 std::vector<double> replay_medians_us(const std::vector<const CudaGraph*>& graphs, int reps,
                                       const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
@@ -153,10 +159,22 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   DeviceBuffer<std::uint16_t> q(q_elems), out(q_elems);
   fill_random(q, rng(), s);
 
-  // Shuffled pages (never page 0; unless --ordered-pages), shuffled slots (never slot 0).
+  // Shuffled pages (never page 0; unless a diagnosis layout is asked for), shuffled slots (never
+  // slot 0). pages[i * ppr + p] is page p of request i.
   std::vector<std::int32_t> pages(num_pages - 1), slots(b);
   std::iota(pages.begin(), pages.end(), 1);
-  if (g_shuffle_pages) std::shuffle(pages.begin(), pages.end(), rng);
+  if (g_shuffle_pages && g_shuffle_within > 0) {
+    for (std::size_t g = 0; g < pages.size(); g += g_shuffle_within)
+      std::shuffle(pages.begin() + g, pages.begin() + std::min(pages.size(), g + g_shuffle_within),
+                   rng);
+  } else if (g_shuffle_pages) {
+    std::shuffle(pages.begin(), pages.end(), rng);
+  }
+  if (g_interleave_pages) {
+    for (std::int32_t i = 0; i < b; ++i)
+      for (std::int32_t p = 0; p < ppr; ++p)
+        pages[static_cast<std::size_t>(i) * ppr + p] = 1 + p * b + i;
+  }
   std::iota(slots.begin(), slots.end(), 1);
   std::shuffle(slots.begin(), slots.end(), rng);
   std::vector<std::int32_t> table(static_cast<std::size_t>(b + 1) * ppr, 0);
@@ -358,11 +376,20 @@ int run_main(int argc, char** argv) {
       }
     } else if (a == "--ordered-pages") {  // pages of a request consecutive (diagnosis only)
       g_shuffle_pages = false;
+    } else if (a == "--shuffle-within" && i + 1 < argc) {  // diagnosis only
+      g_shuffle_within = std::atoi(argv[++i]);
+      if (g_shuffle_within < 1) {
+        std::fprintf(stderr, "--shuffle-within wants a positive page count\n");
+        return 2;
+      }
+    } else if (a == "--interleaved-pages") {  // diagnosis only
+      g_interleave_pages = true;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--no-flush] [--page N] [--ordered-pages] [--head-dim D]\n",
+          "[--no-flush] [--page N] [--ordered-pages | --shuffle-within N | --interleaved-pages] "
+          "[--head-dim D]\n",
           argv[0]);
       return 2;
     }
