@@ -70,11 +70,13 @@ bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache c
 // aligned groups of N consecutive pool pages, shuffled inside each group: near in address, so in
 // the same 2 MiB translation page at N * page bytes <= 2 MiB, far in DRAM order);
 // --interleaved-pages (request i holds pool pages i, i + B, i + 2B, ...: what an in-order
-// allocator hands out when B requests grow one page at a time).
+// allocator hands out when B requests grow one page at a time); --reversed-pages (each request's
+// pages consecutive in descending order: a LIFO allocator's runs after a release).
 std::int32_t g_page = 16;
 bool g_shuffle_pages = true;
 std::int32_t g_shuffle_within = 0;  // 0: the whole pool
 bool g_interleave_pages = false;
+bool g_reverse_pages = false;
 
 std::vector<double> replay_medians_us(const std::vector<const CudaGraph*>& graphs, int reps,
                                       const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
@@ -174,6 +176,11 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
     for (std::int32_t i = 0; i < b; ++i)
       for (std::int32_t p = 0; p < ppr; ++p)
         pages[static_cast<std::size_t>(i) * ppr + p] = 1 + p * b + i;
+  }
+  if (g_reverse_pages) {
+    for (std::int32_t i = 0; i < b; ++i)
+      std::reverse(pages.begin() + static_cast<std::size_t>(i) * ppr,
+                   pages.begin() + static_cast<std::size_t>(i + 1) * ppr);
   }
   std::iota(slots.begin(), slots.end(), 1);
   std::shuffle(slots.begin(), slots.end(), rng);
@@ -384,11 +391,15 @@ int run_main(int argc, char** argv) {
       }
     } else if (a == "--interleaved-pages") {  // diagnosis only
       g_interleave_pages = true;
+    } else if (a == "--reversed-pages") {  // pages in descending order (diagnosis only)
+      g_shuffle_pages = false;
+      g_reverse_pages = true;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--no-flush] [--page N] [--ordered-pages | --shuffle-within N | --interleaved-pages] "
+          "[--no-flush] [--page N] [--ordered-pages | --reversed-pages | --shuffle-within N | "
+          "--interleaved-pages] "
           "[--head-dim D]\n",
           argv[0]);
       return 2;

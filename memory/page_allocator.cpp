@@ -64,7 +64,10 @@ void PageAllocator::release(std::span<const std::int32_t> pages) {
     }
     owned_[static_cast<std::size_t>(p)] = 0;
   }
-  for (std::int32_t p : pages) free_.push_back(p);
+  // Last page first, so the next allocation of as many pages hands them out in the order they
+  // were held (a request's pages ascending rather than descending: ~0.5% faster attention at B=8,
+  // bench/NOTES.md 71).
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) free_.push_back(*it);
 }
 
 }  // namespace graphdecode

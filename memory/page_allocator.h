@@ -23,6 +23,7 @@ class PageAllocator {
   // or throws like allocate() and changes nothing.
   void allocate_into(std::span<std::int32_t> out);
   // Returns pages. All ids are checked first (range, owned, no repeats), so a bad list frees none.
+  // The next allocation of as many pages returns them in the same order.
   void release(std::span<const std::int32_t> pages);
 
   std::int32_t capacity() const noexcept { return static_cast<std::int32_t>(owned_.size()); }

@@ -32,6 +32,21 @@ TEST(PageAllocator, HandsOutLowIdsFirstAndCounts) {
   EXPECT_EQ(a.free_pages(), 1);
 }
 
+// A released run comes back in its order (a request's pages ascending, not reversed), also after
+// a tail is released first and when other pages were released before it.
+TEST(PageAllocator, ReleasedPagesComeBackInTheirOrder) {
+  PageAllocator a(16);
+  const auto held = a.allocate(6);   // 0..5
+  const auto other = a.allocate(3);  // 6..8
+  a.release(other);
+  a.release(held);
+  EXPECT_EQ(a.allocate(6), held);
+  EXPECT_EQ(a.allocate(3), other);
+  const auto run = a.allocate(4);                            // 9..12
+  a.release(std::span<const std::int32_t>(run).subspan(2));  // rollback of the tail: 11, 12
+  EXPECT_EQ(a.allocate(2), (std::vector<std::int32_t>{11, 12}));
+}
+
 TEST(PageAllocator, BadConstructionNamesField) {
   expect_error_field([] { PageAllocator a(0); }, "num_pages");
 }
