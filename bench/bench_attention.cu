@@ -65,18 +65,16 @@ Device device_info() {
 // shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
 // between two graphs whose kernels ncu times equal).
 bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
-// Diagnosis of the paged-gather cost: --page N (default 16); --ordered-pages (each request's
-// pages consecutive in the pool instead of shuffled); --shuffle-within N (each request's pages in
-// aligned groups of N consecutive pool pages, shuffled inside each group: near in address, so in
-// the same 2 MiB translation page at N * page bytes <= 2 MiB, far in DRAM order);
+// Diagnosis of the paged-gather cost: --page N (default 16), and where a request's pages lie in
+// the pool (bench/NOTES.md 69, 71): shuffled over the whole pool (the table's), or
+// --shuffle-within N (shuffled inside aligned groups of N pool pages: near in address, far in DRAM
+// order), --ordered-pages (consecutive), --reversed-pages (consecutive, last to first),
 // --interleaved-pages (request i holds pool pages i, i + B, i + 2B, ...: what an in-order
-// allocator hands out when B requests grow one page at a time); --reversed-pages (each request's
-// pages consecutive in descending order: a LIFO allocator's runs after a release).
+// allocator hands out when B requests grow one page at a time).
+enum class PageLayout { kShuffled, kOrdered, kReversed, kInterleaved };
 std::int32_t g_page = 16;
-bool g_shuffle_pages = true;
-std::int32_t g_shuffle_within = 0;  // 0: the whole pool
-bool g_interleave_pages = false;
-bool g_reverse_pages = false;
+PageLayout g_layout = PageLayout::kShuffled;
+std::int32_t g_shuffle_within = 0;  // kShuffled: group size, 0 = the whole pool
 
 std::vector<double> replay_medians_us(const std::vector<const CudaGraph*>& graphs, int reps,
                                       const DeviceBuffer<int4>& flush, DeviceBuffer<int>& sink,
@@ -165,22 +163,18 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   // slot 0). pages[i * ppr + p] is page p of request i.
   std::vector<std::int32_t> pages(num_pages - 1), slots(b);
   std::iota(pages.begin(), pages.end(), 1);
-  if (g_shuffle_pages && g_shuffle_within > 0) {
-    for (std::size_t g = 0; g < pages.size(); g += g_shuffle_within)
-      std::shuffle(pages.begin() + g, pages.begin() + std::min(pages.size(), g + g_shuffle_within),
-                   rng);
-  } else if (g_shuffle_pages) {
-    std::shuffle(pages.begin(), pages.end(), rng);
-  }
-  if (g_interleave_pages) {
-    for (std::int32_t i = 0; i < b; ++i)
-      for (std::int32_t p = 0; p < ppr; ++p)
-        pages[static_cast<std::size_t>(i) * ppr + p] = 1 + p * b + i;
-  }
-  if (g_reverse_pages) {
+  if (g_layout == PageLayout::kShuffled) {
+    const std::size_t group = g_shuffle_within > 0 ? g_shuffle_within : pages.size();
+    for (std::size_t g = 0; g < pages.size(); g += group)
+      std::shuffle(pages.begin() + g, pages.begin() + std::min(pages.size(), g + group), rng);
+  } else if (g_layout == PageLayout::kReversed) {
     for (std::int32_t i = 0; i < b; ++i)
       std::reverse(pages.begin() + static_cast<std::size_t>(i) * ppr,
                    pages.begin() + static_cast<std::size_t>(i + 1) * ppr);
+  } else if (g_layout == PageLayout::kInterleaved) {
+    for (std::int32_t i = 0; i < b; ++i)
+      for (std::int32_t p = 0; p < ppr; ++p)
+        pages[static_cast<std::size_t>(i) * ppr + p] = 1 + p * b + i;
   }
   std::iota(slots.begin(), slots.end(), 1);
   std::shuffle(slots.begin(), slots.end(), rng);
@@ -381,19 +375,19 @@ int run_main(int argc, char** argv) {
         std::fprintf(stderr, "--head-dim wants 64, 128 or 256\n");
         return 2;
       }
-    } else if (a == "--ordered-pages") {  // pages of a request consecutive (diagnosis only)
-      g_shuffle_pages = false;
-    } else if (a == "--shuffle-within" && i + 1 < argc) {  // diagnosis only
+    } else if (a == "--ordered-pages") {  // diagnosis only, as the four below
+      g_layout = PageLayout::kOrdered;
+    } else if (a == "--reversed-pages") {
+      g_layout = PageLayout::kReversed;
+    } else if (a == "--interleaved-pages") {
+      g_layout = PageLayout::kInterleaved;
+    } else if (a == "--shuffle-within" && i + 1 < argc) {
+      g_layout = PageLayout::kShuffled;
       g_shuffle_within = std::atoi(argv[++i]);
       if (g_shuffle_within < 1) {
         std::fprintf(stderr, "--shuffle-within wants a positive page count\n");
         return 2;
       }
-    } else if (a == "--interleaved-pages") {  // diagnosis only
-      g_interleave_pages = true;
-    } else if (a == "--reversed-pages") {  // pages in descending order (diagnosis only)
-      g_shuffle_pages = false;
-      g_reverse_pages = true;
     } else {
       std::fprintf(
           stderr,

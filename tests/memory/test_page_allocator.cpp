@@ -32,8 +32,8 @@ TEST(PageAllocator, HandsOutLowIdsFirstAndCounts) {
   EXPECT_EQ(a.free_pages(), 1);
 }
 
-// A released run comes back in its order (a request's pages ascending, not reversed), also after
-// a tail is released first and when other pages were released before it.
+// A released run comes back in its order (a request's pages ascending, not reversed), also when
+// other pages were released before it and for a released tail (a speculative rollback).
 TEST(PageAllocator, ReleasedPagesComeBackInTheirOrder) {
   PageAllocator a(16);
   const auto held = a.allocate(6);   // 0..5
