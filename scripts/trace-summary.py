@@ -84,6 +84,6 @@ for path in sorted(glob.glob(sys.argv[1] + "/trace_*.bin")):
         pairs = [main[smp == s] for s in np.unique(smp) if (smp == s).sum() == 2]
         if len(pairs) > 2:
             a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-            per_sm = (a + b) / 2
+            pair_rate = (a + b) / 2  # per SM, GB/s per CTA (per_sm above counts CTAs)
             print(f"   SMs with 2 CTAs: {len(pairs)}, correlation of their rates {np.corrcoef(a, b)[0, 1]:.2f},"
-                  f" per-SM GB/s per CTA quantiles {q(per_sm)}")
+                  f" per-SM GB/s per CTA quantiles {q(pair_rate)}")
