@@ -22,6 +22,16 @@ namespace graphdecode::attn {
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
 
+// Acquire-release atomic add at GPU scope (returns the old value).
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* addr, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(addr), "r"(v)
+               : "memory");
+  return old;
+}
+
 // Split-KV merge fused into the attention kernel: the last CTA of a (request, head, tile) to finish
 // its chunk merges all chunks of those rows, in chunk order (so the result does not depend on which
 // CTA came last), writes out/lse and resets the counter for the next launch or graph replay.
@@ -31,18 +41,22 @@ inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkItem& w,
                                               int* s_last) {
-  __threadfence();  // this CTA's partials are visible device-wide before it is counted
+  // Arrival in CUTLASS's semaphore form: after the barrier thread 0 alone counts with an acq_rel
+  // atomic. The release is cumulative over the barrier (every thread's partial stores are visible
+  // device-wide before the count); the acquire, then the barrier, order the last CTA's partial
+  // reads after it. Was: every thread's __threadfence (fence.sc.gpu) before the count and again
+  // after it: H100, per call B=1 L=4096 19.2-19.3 -> 18.7 us, B=8 L=32768 366.2-366.3 -> 365.4
+  // (bench/NOTES.md 79).
   __syncthreads();
   int* counter = p.merge_count + (w.item - w.chunk);
   if (threadIdx.x == 0) {
-    const int done = atomicAdd(counter, 1) + 1;
+    const int done = atomic_add_acq_rel_gpu(counter, 1) + 1;
     *s_last = done == w.chunks;
     if (done == w.chunks) *counter = 0;
   }
   __syncthreads();
   if (!*s_last) return;
   GD_TRACE_MERGED();
-  __threadfence();  // order the counter read before the partial reads
   const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.call.num_q_heads;  // per chunk
   constexpr int kQuads = kHeadDim / 4;
   for (int e = threadIdx.x; e < w.rows * kQuads; e += kThreads) {
