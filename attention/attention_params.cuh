@@ -21,14 +21,14 @@ constexpr int kNoSplit = 1 << 30;  // chunk size meaning "one chunk" (a multiple
 constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;  // adaptive mode never splits finer than this
 // ...and cuts a request into at most kMaxFineChunks chunks shorter than kFineChunkTokens: past
 // that, the extra CTAs and merge inputs cost more than the shorter chunks save (H100, B=1:
-// L=512 is fastest at 8 x 64 keys, L=2048 at 16 x 128 rather than 32 x 64, L=4096 at 32 x 128
-// rather than 16 x 256 by 0.4 us).
+// L=512 is fastest at 8 x 64 keys, L=2048 at 16 x 128 rather than 32 x 64 or 8 x 256, L=4096
+// at 16 x 256 rather than 32 x 128: per layer of a step 11.8 -> 10.3 us, bench/NOTES.md 81).
 #ifndef GD_ATTN_MAX_FINE_CHUNKS
 #define GD_ATTN_MAX_FINE_CHUNKS 16
 #endif
 constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
 #ifndef GD_ATTN_FINE_CHUNK_TOKENS
-#define GD_ATTN_FINE_CHUNK_TOKENS 128
+#define GD_ATTN_FINE_CHUNK_TOKENS 256
 #endif
 constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
 constexpr int kMaxAdaptiveChunks = 64;
