@@ -37,13 +37,18 @@ struct RequestShape {
 };
 
 __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r, int window) {
-  RequestShape s;
+  // The three loads come before any test and the tests are selects, so they are one round trip:
+  // with an early return before the kv_len load (and the slot loaded after the shape) they were a
+  // chain of three on the critical path of every self-planned call (H100, per call B=1 L=2048
+  // 15.1-15.2 -> 14.5-14.7 us, B=8 L=8192 100.8-101.0 -> 100.0-100.2; bench/NOTES.md 84).
   const int q0 = p.batch.q_start[r];
   const int q1 = p.batch.q_start[r + 1];
-  if (q0 < 0 || q1 < q0 || q1 > p.max_q_tokens) return s;  // out of capacity: no tiles
-  s.q_begin = q0;
-  s.q_len = q1 - q0;
-  s.kv_len = p.batch.kv_len[r];
+  const int kv = p.batch.kv_len[r];
+  const bool q_ok = q0 >= 0 && q1 >= q0 && q1 <= p.max_q_tokens;  // else out of capacity: no tiles
+  RequestShape s;
+  s.q_begin = q_ok ? q0 : 0;
+  s.q_len = q_ok ? q1 - q0 : 0;
+  s.kv_len = q_ok ? kv : 0;
   const bool lengths_ok =
       s.kv_len >= 0 && s.kv_len <= p.max_kv_len && (!p.causal || s.kv_len >= s.q_len);
   if (lengths_ok && s.kv_len > 0) {

@@ -118,8 +118,8 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
   RequestShape s;
   int slot = 0;
   if (live) {
+    slot = pp.batch.slot[r];  // issued with request_shape's loads, not after them
     s = request_shape(pp, r, window);
-    slot = pp.batch.slot[r];
   }
   if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
   const int total_base =
