@@ -7,6 +7,9 @@
 //   f = 10: smid | chunks << 16 | chunk << 32 | keys of the item << 40;  f = 11: 1 if it merged.
 //   f = 12 + j (j < 8): globaltimer when tile n_tiles * j / 8 of its item is in shared memory
 //                 (the stream's progress over time: does a CTA speed up once others are done?).
+//   f = 20 + k (k < 4): clock64 inside the self-planned CTA's plan, once value k has arrived
+//                 (0 num_requests, 1 thread 0's request row, 2 the block sum, 3 the plan's scans);
+//                 f = 24 + k holds that value, stored first so the clock is read after it is there.
 #pragma once
 
 #ifndef GD_ATTN_TRACE
@@ -15,7 +18,7 @@
 
 #if GD_ATTN_TRACE
 namespace graphdecode::attn {
-constexpr int kTraceCtas = 8192, kTraceFields = 20;
+constexpr int kTraceCtas = 8192, kTraceFields = 28;
 __device__ unsigned long long g_attn_trace[kTraceCtas * kTraceFields];
 
 __device__ __forceinline__ void trace_value(int field, unsigned long long v) {
@@ -38,8 +41,16 @@ __device__ __forceinline__ void trace_tile(int it, int n_tiles) {
     }
   }
 }
+// The store of `dep` waits for it (in-order issue), so the clock read after it comes later.
+__device__ __forceinline__ void trace_after(int k, int dep) {
+  trace_value(24 + k, static_cast<unsigned long long>(static_cast<unsigned>(dep)));
+  unsigned long long c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  trace_value(20 + k, c);
+}
 }  // namespace graphdecode::attn
 #define GD_TRACE_POINT(i) trace_point(i)
+#define GD_TRACE_AFTER(k, dep) trace_after(k, dep)
 #define GD_TRACE_TILE(it, n) trace_tile(it, n)
 #define GD_TRACE_ITEM(w)                                                           \
   do {                                                                             \
@@ -53,6 +64,7 @@ __device__ __forceinline__ void trace_tile(int it, int n_tiles) {
 #define GD_TRACE_MERGED() trace_value(11, 1)
 #else
 #define GD_TRACE_POINT(i)
+#define GD_TRACE_AFTER(k, dep)
 #define GD_TRACE_TILE(it, n)
 #define GD_TRACE_ITEM(w)
 #define GD_TRACE_MERGED()

@@ -113,6 +113,7 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
   const PlanParams& pp = p.call;
   const int n = read_num_requests(pp.batch, pp.max_batch);  // max_batch <= kThreads
   const int window = read_window(pp.batch, pp.causal);
+  GD_TRACE_AFTER(0, n);
   const int r = threadIdx.x;
   const bool live = r < n;
   RequestShape s;
@@ -121,13 +122,16 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     slot = pp.batch.slot[r];  // issued with request_shape's loads, not after them
     s = request_shape(pp, r, window);
   }
+  GD_TRACE_AFTER(1, s.tiles + slot);
   if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
   const int total_base =
       pp.deterministic ? 0 : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
+  GD_TRACE_AFTER(2, total_base);
   const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
   int parts_total = 0, items_total = 0;
   const RequestPlan rp =
       plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+  GD_TRACE_AFTER(3, items_total);
   total = min(items_total, pp.max_work);  // as the planner's total_items
   const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
   if (live && item >= rp.item_off && item < rp.item_off + items) {

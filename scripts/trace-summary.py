@@ -4,7 +4,7 @@ Times in us from the first CTA's entry (globaltimer); durations inside a CTA fro
 import glob, sys
 import numpy as np
 
-F = 20  # attention/attention_trace.cuh's kTraceFields
+F = 28  # attention/attention_trace.cuh's kTraceFields
 for path in sorted(glob.glob(sys.argv[1] + "/trace_*.bin")):
     t = np.fromfile(path, dtype=np.uint64).reshape(-1, F).astype(np.int64)
     ran = t[:, 0] != 0
@@ -28,6 +28,13 @@ for path in sorted(glob.glob(sys.argv[1] + "/trace_*.bin")):
     print("   quantiles (min 10% 50% 90% max), us:")
     print(f"   entry (globaltimer)             {q((g(0)[work] - t0) / 1e3)}")
     print(f"   plan: entry -> item             {q(us((c(1) - c(0))[work]))}")
+    planned_in_cta = work & (t[:, 20] != 0)
+    if planned_in_cta.any():  # sub-steps of the self-planned CTA's plan (attention_trace.cuh)
+        steps = [(0, "entry -> num_requests"), (20, "-> request row"), (21, "-> block sum"),
+                 (22, "-> plan scans"), (23, "-> item")]
+        for (a, name), b in zip(steps, [20, 21, 22, 23, 3]):
+            ca = c(0) if a == 0 else t[:, a]
+            print(f"     {name:29s} {q(us((t[:, b] - ca)[planned_in_cta]))}")
     print(f"   item -> first tile in smem      {q(us((c(2) - c(1))[first_tile]))}")
     print(f"   first tile -> attend done       {q(us((c(3) - c(2))[first_tile]))}")
     print(f"   attend done (globaltimer)       {q((g(3)[work] - t0) / 1e3)}")
