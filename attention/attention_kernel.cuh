@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
   for (int item = blockIdx.x;;) {
     WorkItem w;
     int total = 0;  // work items of the call, the same in every CTA
-    const bool has = p.self_plan ? self_planned_work_item(p, item, w, total)
+    const bool has = p.self_plan ? self_planned_work_item<kAlonePlan<kHeadDim>>(p, item, w, total)
                                  : planned_work_item(p, item, w, total);
     if (has) {
       GD_TRACE_POINT(1);

@@ -153,7 +153,9 @@ struct RequestPlan {
   int item_off = 0;  // first work item
 };
 
-template <int kBlock>
+// kAlone: the round has one request and only its thread calls (no scan: its offsets are the
+// carries, the totals its own counts), the same plan as a block pass with one live thread.
+template <int kBlock, bool kAlone = false>
 __device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live,
                                                   const RequestShape& s, int adaptive_chunks,
                                                   int parts_carry, int items_carry,
@@ -162,14 +164,24 @@ __device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live
   rp.chunk = live ? chunk_size_for(p, s, adaptive_chunks) : kNoSplit;
   int chunks = live ? chunks_of(s, rp.chunk) : 0;
   const int parts = chunks > 1 ? chunks * s.q_len * p.num_q_heads : 0;
-  rp.part_off = parts_carry + block_exclusive_sum<kBlock>(parts, parts_total, s_warp);
+  if constexpr (kAlone) {
+    rp.part_off = parts_carry;
+    parts_total = parts;
+  } else {
+    rp.part_off = parts_carry + block_exclusive_sum<kBlock>(parts, parts_total, s_warp);
+  }
   if (chunks > 1 && rp.part_off + parts > p.max_partials) {
     // Adaptive mode only (deterministic capacity always fits): fall back to one chunk.
     rp.chunk = kNoSplit;
     chunks = chunks_of(s, rp.chunk);
   }
   const int items = chunks * s.tiles * p.num_kv_heads;
-  rp.item_off = items_carry + block_exclusive_sum<kBlock>(items, items_total, s_warp);
+  if constexpr (kAlone) {
+    rp.item_off = items_carry;
+    items_total = items;
+  } else {
+    rp.item_off = items_carry + block_exclusive_sum<kBlock>(items, items_total, s_warp);
+  }
   const bool fits = rp.item_off + items <= p.max_work;
   rp.chunks = fits ? chunks : 0;
   rp.tiles = fits ? s.tiles : 0;

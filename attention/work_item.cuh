@@ -99,11 +99,20 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
   return fill_work_item(p, item, src, w);
 }
 
+// kAlonePlan: a batch of one request is planned by that request's thread alone (plan_round's
+// kAlone form: no scans, one barrier to hand the item over), the same plan. For head dims >= 128:
+// H100, d128 per call at B=1 0.3-0.6 us faster at every L (L=2048 14.4-14.6 -> 14.1-14.3 us,
+// L=4096 17.3-17.6 -> 16.8-17.0); in the d64 kernel the extra code cost the Llama-1B step 3-16 us
+// per step though no step plans in the CTA (code layout, bench/NOTES.md 53, 91).
+template <int kHeadDim>
+inline constexpr bool kAlonePlan = kHeadDim >= 128;
+
 // Planned inside the CTA (p.self_plan; the batch has at most kThreads requests): thread i reads
 // request i, the block runs the planner's passes (same functions, so the same plan), and the
 // thread whose request owns `item` hands its fields over through shared memory. This removes the
 // planner launch and its grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 ->
 // 16.1 us per call; the planning code each CTA now fetches cold is most of what remains).
+template <bool kAlone>
 __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item, WorkItem& w,
                                                        int& total) {
   __shared__ int s_warp[kThreads / 32 + 1];
@@ -123,6 +132,28 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     s = request_shape(pp, r, window);
   }
   GD_TRACE_AFTER(1, s.tiles + slot);
+  if (kAlone && n == 1) {  // uniform: thread 0 plans its request alone
+    __shared__ int s_total;
+    if (threadIdx.x == 0) {
+      const int total_base = pp.deterministic ? 0 : s.tiles * pp.num_kv_heads;
+      GD_TRACE_AFTER(2, total_base);
+      int parts_total = 0, items_total = 0;
+      const RequestPlan rp =
+          plan_round<kThreads, true>(pp, true, s, adaptive_chunk_count(pp, total_base), 0, 0,
+                                     parts_total, items_total, nullptr);
+      GD_TRACE_AFTER(3, items_total);
+      s_total = min(items_total, pp.max_work);
+      const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
+      s_found = item >= rp.item_off && item < rp.item_off + items;
+      s_src = ItemSource{0,         rp.item_off, rp.tiles,       rp.chunks,
+                         rp.chunk,  s.first_key, s.last_key + 1, rp.part_off,
+                         s.q_begin, s.q_len,     s.kv_len,       slot};
+    }
+    __syncthreads();
+    total = s_total;
+    if (!s_found) return false;  // uniform over the CTA
+    return fill_work_item(p, item, s_src, w);
+  }
   if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
   const int total_base =
       pp.deterministic ? 0 : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);

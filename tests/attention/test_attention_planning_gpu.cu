@@ -78,6 +78,8 @@ TEST_P(AttentionPlanning, ExtendAndSlidingWindow) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
   check_same_plan({kLlama, extend_reqs(rng, 9, 1, 300, 0, 4000)}, GetParam(), rng);
+  // One request of several query tiles (planned by its thread alone at head dim >= 128).
+  check_same_plan({kLlama, extend_reqs(rng, 1, 40, 200, 0, 6000), 300}, GetParam(), rng);
   check_same_plan({kLlama, extend_reqs(rng, 16, 1, 8, 0, 6000), 100}, GetParam(), rng);
   auto mixed = extend_reqs(rng, 60, 1, 6, 0, 3000);
   for (const Req& r : decode_reqs(rng, 68, 1, 3000)) mixed.push_back(r);
