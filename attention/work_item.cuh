@@ -132,38 +132,29 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     s = request_shape(pp, r, window);
   }
   GD_TRACE_AFTER(1, s.tiles + slot);
-  if (kAlone && n == 1) {  // uniform: thread 0 plans its request alone
-    __shared__ int s_total;
-    if (threadIdx.x == 0) {
-      const int total_base = pp.deterministic ? 0 : s.tiles * pp.num_kv_heads;
-      GD_TRACE_AFTER(2, total_base);
-      int parts_total = 0, items_total = 0;
-      const RequestPlan rp =
-          plan_round<kThreads, true>(pp, true, s, adaptive_chunk_count(pp, total_base), 0, 0,
-                                     parts_total, items_total, nullptr);
-      GD_TRACE_AFTER(3, items_total);
-      s_total = min(items_total, pp.max_work);
-      const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
-      s_found = item >= rp.item_off && item < rp.item_off + items;
-      s_src = ItemSource{0,         rp.item_off, rp.tiles,       rp.chunks,
-                         rp.chunk,  s.first_key, s.last_key + 1, rp.part_off,
-                         s.q_begin, s.q_len,     s.kv_len,       slot};
-    }
-    __syncthreads();
-    total = s_total;
-    if (!s_found) return false;  // uniform over the CTA
-    return fill_work_item(p, item, s_src, w);
-  }
-  if (threadIdx.x == 0) s_found = 0;  // published by the scans' barriers below
-  const int total_base =
-      pp.deterministic ? 0 : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
+  // kAlone and one request (n is uniform): its thread plans alone, without the block's scans.
+  const bool alone = kAlone && n == 1;
+  __shared__ int s_total;             // alone: the total, from the one thread that knows it
+  if (threadIdx.x == 0) s_found = 0;  // published by the barriers below
+  int total_base = 0;
+  if (!pp.deterministic)
+    total_base = alone ? s.tiles * pp.num_kv_heads
+                       : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
   GD_TRACE_AFTER(2, total_base);
   const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
   int parts_total = 0, items_total = 0;
-  const RequestPlan rp =
-      plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+  RequestPlan rp;
+  if (alone) {
+    if (live) {
+      rp = plan_round<kThreads, true>(pp, true, s, adaptive_chunks, 0, 0, parts_total, items_total,
+                                      nullptr);
+      s_total = min(items_total, pp.max_work);
+    }
+  } else {
+    rp = plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+  }
   GD_TRACE_AFTER(3, items_total);
-  total = min(items_total, pp.max_work);  // as the planner's total_items
+  if (!alone) total = min(items_total, pp.max_work);  // as the planner's total_items
   const int items = rp.chunks * rp.tiles * pp.num_kv_heads;
   if (live && item >= rp.item_off && item < rp.item_off + items) {
     s_src = ItemSource{r,         rp.item_off, rp.tiles,       rp.chunks,
@@ -172,6 +163,7 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     s_found = 1;
   }
   __syncthreads();
+  if (alone) total = s_total;
   if (!s_found) return false;  // uniform over the CTA
   return fill_work_item(p, item, s_src, w);
 }
