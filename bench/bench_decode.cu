@@ -47,10 +47,6 @@
 namespace graphdecode::bench {
 namespace {
 
-using engine::LlamaModel;
-using engine::LlamaModelOptions;
-using engine::RequestTables;
-
 constexpr std::int32_t kPage = 16;
 constexpr int kWarmup = 10;
 constexpr std::uint64_t kSeed = 1234;
@@ -86,9 +82,9 @@ LlamaModelOptions decode_options(std::int32_t b, std::int32_t l) {
 
 // Device bytes of the model's KV pools for these options.
 double kv_pool_bytes(const ModelConfig& c, const LlamaModelOptions& o) {
-  const AttentionStackConfig s = engine::llama_stack_config(c, o);
+  const AttentionStackConfig s = llama_stack_config(c, o);
   double bytes = 0;
-  for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding}) {
+  for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
     if (!s.has(k)) continue;
     const KvPoolConfig pc = stack_pool_config(s, k);
     bytes += static_cast<double>(pc.geometry.num_pages) *
@@ -110,7 +106,7 @@ struct Rig {
 
   Rig(const HostWeights& w, std::int32_t b, std::int32_t l, cudaStream_t s) {
     const LlamaModelOptions o = decode_options(b, l);
-    input = std::make_unique<StepInput>(engine::llama_step_capacity(w.config, o));
+    input = std::make_unique<StepInput>(llama_step_capacity(w.config, o));
     model = std::make_unique<LlamaModel>(w, o, *input, s);
     StepGraphsConfig gc;
     gc.buckets = {b};
@@ -129,7 +125,7 @@ struct Rig {
     }
     apply_commands(s);
     for (int k = 0; k < kNumPoolKinds; ++k) {
-      const auto kind = static_cast<PoolKind>(k);
+      const auto kind = static_cast<AttentionKind>(k);
       if (!model->has_pool(kind)) continue;
       const KvPool& pool = model->pool(kind);
       const KvPoolConfig& pc = pool.config();
@@ -174,7 +170,7 @@ struct Rig {
     tables->attach(d);
     for (int k = 0; k < kNumPoolKinds; ++k)
       if (d.tables[k] && !d.tables[k]->empty())
-        model->apply_table(static_cast<PoolKind>(k), *d.tables[k], s);
+        model->apply_table(static_cast<AttentionKind>(k), *d.tables[k], s);
     tables->clear_commands();
   }
 };

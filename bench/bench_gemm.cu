@@ -34,10 +34,6 @@
 namespace graphdecode::bench {
 namespace {
 
-using engine::Gemm;
-using engine::GemmArgs;
-using engine::GemmOut;
-
 constexpr int kLaunches = 20;  // GEMMs per graph
 constexpr int kLayers = 16;
 

@@ -56,9 +56,9 @@ struct Rig {
         const std::int32_t slot = rs->acquire();
         if (slot_of.size() < static_cast<std::size_t>(c.max_batch)) slot_of.push_back(slot);
         GD_REQUIRE(slot_of[r] == slot, "slot", slot, "pools handed out different slots");
-        const std::int32_t len = geo.kind == PoolKind::kCross ? c.max_encoder_len : prefix + 1;
+        const std::int32_t len = geo.kind == AttentionKind::kCross ? c.max_encoder_len : prefix + 1;
         // Chunks of at most max_new_tokens: a sliding-window pool holds window + chunk tokens.
-        const std::int32_t chunk = geo.kind == PoolKind::kCross ? len : c.max_new_tokens;
+        const std::int32_t chunk = geo.kind == AttentionKind::kCross ? len : c.max_new_tokens;
         for (std::int32_t done = 0; done < len; done += chunk) {
           if (b.size() + 4 > b.max_commands() || b.page_id_count() + chunk + 2 > b.max_page_ids()) {
             stack->apply_table(geo.kind, b, s.get());
@@ -74,7 +74,7 @@ struct Rig {
       slots.push_back(std::move(rs));
     }
     for (std::int32_t r = 0; r < c.max_batch; ++r) {
-      const std::int32_t enc = c.has(LayerKind::kCross) ? c.max_encoder_len - r % 7 : 0;
+      const std::int32_t enc = c.has(AttentionKind::kCross) ? c.max_encoder_len - r % 7 : 0;
       const std::int32_t slot = slot_of[r];
       if (enc > 0) stack->encode(slot, static_cast<std::uint32_t>(r + 1), enc, nullptr, s.get());
       requests.push_back({slot, prefix, 1, enc});
@@ -96,7 +96,7 @@ struct Rig {
 
 AttentionStackConfig small_config(std::int32_t max_batch) {
   AttentionStackConfig c;
-  c.layers = {LayerKind::kFull};
+  c.layers = {AttentionKind::kFull};
   c.max_batch = max_batch;
   c.max_tokens = max_batch;
   c.max_new_tokens = 1;
@@ -108,8 +108,8 @@ AttentionStackConfig small_config(std::int32_t max_batch) {
 AttentionStackConfig stack32_config(std::int32_t max_batch) {
   AttentionStackConfig c;
   for (int l = 0; l < 32; ++l) {
-    c.layers.push_back(l % 4 == 3 ? LayerKind::kCross
-                                  : (l % 2 ? LayerKind::kSliding : LayerKind::kFull));
+    c.layers.push_back(l % 4 == 3 ? AttentionKind::kCross
+                                  : (l % 2 ? AttentionKind::kSliding : AttentionKind::kFull));
   }
   c.num_q_heads = 32;
   c.num_kv_heads = 8;

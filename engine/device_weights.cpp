@@ -7,7 +7,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 std::string layer_name(std::int32_t l, const char* suffix) {
@@ -126,4 +126,4 @@ DeviceWeights::DeviceWeights(const HostWeights& weights, cudaStream_t stream)
   }
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -15,7 +15,7 @@
 #include "engine/model_config.h"
 #include "engine/weights.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct DeviceLayerWeights {
   const std::uint16_t* input_norm = nullptr;  // [hidden]
@@ -72,4 +72,4 @@ class DeviceWeights {
   std::vector<DeviceLayerWeights> layers_;
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

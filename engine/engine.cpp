@@ -10,7 +10,7 @@
 #include "common/request_rules.h"
 #include "graphs/step_rules.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 const EngineConfig& validated(const EngineConfig& c) {
@@ -49,7 +49,7 @@ StepCapacity engine_capacity(const ModelConfig& model, const EngineConfig& c) {
 // none; its window pool is sized so that running requests never exhaust it.
 SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c) {
   const StepCapacity cap = engine_capacity(model, c);
-  const StepPoolCapacity& full = cap.pools[pool_index(PoolKind::kFull)];
+  const StepPoolCapacity& full = cap.pools[pool_index(AttentionKind::kFull)];
   SchedulerConfig s;
   s.max_batch = c.max_batch;
   s.max_step_tokens = std::max(c.max_step_tokens, c.max_batch);
@@ -210,4 +210,4 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

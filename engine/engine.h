@@ -1,6 +1,6 @@
 // The decode engine: what a program embeds.
 //
-//   graphdecode::engine::Engine engine(weights, {.max_batch = 32, .max_context = 4096});
+//   graphdecode::Engine engine(weights, {.max_batch = 32, .max_context = 4096});
 //   engine.submit({.prompt = ids, .max_new_tokens = 64},
 //                 [](const graphdecode::TokenEvent& e) { /* stream e.token */ });
 //   engine.run_until_idle();            // or call step() from your own loop
@@ -39,7 +39,7 @@
 #include "graphs/step_graphs.h"
 #include "graphs/step_input.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct EngineConfig {
   std::int32_t max_batch = 32;         // requests running at once (one step holds them all)
@@ -123,4 +123,4 @@ class Engine {
   std::size_t decode_next_ = 0;
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

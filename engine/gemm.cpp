@@ -2,7 +2,7 @@
 
 #include <library_types.h>
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
@@ -64,4 +64,4 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -38,7 +38,7 @@ inline void throw_cublas(cublasStatus_t st, const char* expr, const char* file, 
       ::graphdecode::detail::throw_cublas(gd_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 enum class GemmOut : std::uint8_t { kBF16 = 0, kF32 = 1 };
 
@@ -83,4 +83,4 @@ class Gemm {
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -10,7 +10,7 @@
 #include "memory/page_allocator.h"
 #include "memory/request_slots.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 std::int32_t argmax(std::span<const float> row) {
   std::int32_t best = 0;
@@ -132,4 +132,4 @@ GenerateResult generate_greedy(const HostWeights& weights,
   return result;
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -13,7 +13,7 @@
 #include "engine/llama_model.h"
 #include "engine/weights.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct GenerateOptions {
   std::int32_t new_tokens = 16;  // tokens generated per prompt (the prefill gives the first)
@@ -48,4 +48,4 @@ GenerateResult generate_greedy(const HostWeights& weights,
                                const GenerateOptions& options, cudaStream_t stream,
                                const StepCallback& on_step = {});
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

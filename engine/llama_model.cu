@@ -9,7 +9,7 @@
 #include "engine/kernels/qkv_epilogue.h"
 #include "engine/llama_model.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 256;
@@ -60,11 +60,11 @@ LlamaModel::LlamaModel(const HostWeights& weights, const LlamaModelOptions& opti
                  got.max_encoder_len == want.max_encoder_len,
              "input", "capacity", "step input not built from llama_step_capacity(config, options)");
   std::array<std::int32_t, kNumPoolKinds> counts{};
-  for (LayerKind k : stack_.layers) {
+  for (AttentionKind k : stack_.layers) {
     layer_kind_.push_back(k);
     layer_index_.push_back(counts[static_cast<int>(k)]++);
   }
-  for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding}) {
+  for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
     if (!stack_.has(k)) continue;
     AttentionConfig ac;
     ac.num_q_heads = stack_.num_q_heads;
@@ -109,12 +109,13 @@ LlamaModel::LlamaModel(const HostWeights& weights, const LlamaModelOptions& opti
   GD_CUDA(cudaStreamSynchronize(stream));
 }
 
-const KvPool& LlamaModel::pool(PoolKind k) const {
+const KvPool& LlamaModel::pool(AttentionKind k) const {
   GD_REQUIRE(has_pool(k), "kind", static_cast<int>(k), "this model has no such pool");
   return *pools_[static_cast<int>(k)];
 }
 
-void LlamaModel::apply_table(PoolKind kind, const TableCommandBatch& batch, cudaStream_t stream) {
+void LlamaModel::apply_table(AttentionKind kind, const TableCommandBatch& batch,
+                             cudaStream_t stream) {
   GD_REQUIRE(has_pool(kind), "kind", static_cast<int>(kind), "this model has no such pool");
   pools_[static_cast<int>(kind)]->table().apply(batch, stream);
 }
@@ -145,7 +146,7 @@ void LlamaModel::attention_block(std::int32_t l, std::int32_t rows, const Attent
 
   gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
   // qkv [+ bias] -> Qwen3 q/k norm -> rope -> q_, and K/V straight into the layer's pages.
-  const LayerKind kind = layer_kind_[l];
+  const AttentionKind kind = layer_kind_[l];
   const KvPool& pool = *pools_[static_cast<int>(kind)];
   const PagedKvView view = pool.view(layer_index_[l]);
   QkvEpilogueArgs e;
@@ -207,10 +208,10 @@ void LlamaModel::enqueue(const StepShape& shape, cudaStream_t stream) {
   prep_.enqueue(stream);
   const AttentionBatch full = prep_.self_batch(nullptr);
   const AttentionBatch window = prep_.self_batch(window_left_.data());
-  if (attention_[static_cast<int>(LayerKind::kFull)])
-    attention_[static_cast<int>(LayerKind::kFull)]->plan(full, stream);
-  if (attention_[static_cast<int>(LayerKind::kSliding)])
-    attention_[static_cast<int>(LayerKind::kSliding)]->plan(window, stream);
+  if (attention_[static_cast<int>(AttentionKind::kFull)])
+    attention_[static_cast<int>(AttentionKind::kFull)]->plan(full, stream);
+  if (attention_[static_cast<int>(AttentionKind::kSliding)])
+    attention_[static_cast<int>(AttentionKind::kSliding)]->plan(window, stream);
 
   const StepMetaView& m = prep_.device();
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
@@ -235,7 +236,7 @@ void LlamaModel::enqueue(const StepShape& shape, cudaStream_t stream) {
       norm(proj_.data(), residual_.data(), w.input_norm, normed_.data(), num_tokens, rows, h,
            stream);
     }
-    attention_block(l, rows, layer_kind_[l] == LayerKind::kSliding ? window : full, stream);
+    attention_block(l, rows, layer_kind_[l] == AttentionKind::kSliding ? window : full, stream);
     mlp_block(l, rows, stream);
   }
 
@@ -258,4 +259,4 @@ void LlamaModel::enqueue(const StepShape& shape, cudaStream_t stream) {
             stream);
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -35,7 +35,7 @@
 #include "graphs/step_input.h"
 #include "graphs/step_prep.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct LlamaModelOptions {
   std::int32_t max_batch = 8;       // requests per step
@@ -77,14 +77,14 @@ class LlamaModel : public StepProgram {
   const LlamaModelOptions& options() const noexcept { return options_; }
   const AttentionStackConfig& stack_config() const noexcept { return stack_; }
   const StepPrep& prep() const noexcept { return prep_; }
-  bool has_pool(PoolKind k) const noexcept { return pools_[static_cast<int>(k)] != nullptr; }
-  const KvPool& pool(PoolKind k) const;
+  bool has_pool(AttentionKind k) const noexcept { return pools_[static_cast<int>(k)] != nullptr; }
+  const KvPool& pool(AttentionKind k) const;
   // [max_slots] device tokens that step_rules::kTokenFromDevice ids read; set before capture.
   void set_token_feedback(const std::int32_t* per_slot) noexcept {
     prep_.set_token_feedback(per_slot);
   }
   // Eager table update of one pool (outside a step), e.g. releases of finished requests.
-  void apply_table(PoolKind kind, const TableCommandBatch& batch, cudaStream_t stream);
+  void apply_table(AttentionKind kind, const TableCommandBatch& batch, cudaStream_t stream);
 
  private:
   void attention_block(std::int32_t layer, std::int32_t rows, const AttentionBatch& batch,
@@ -100,7 +100,7 @@ class LlamaModel : public StepProgram {
   DeviceWeights weights_;
   StackPools pools_;
   std::vector<std::int32_t> layer_index_;  // layer -> index inside its pool
-  std::vector<LayerKind> layer_kind_;      // [num_layers]
+  std::vector<AttentionKind> layer_kind_;  // [num_layers]
   StepPrep prep_;
   std::array<std::unique_ptr<PagedAttention>, kNumPoolKinds> attention_;
   RopeTable rope_;
@@ -120,4 +120,4 @@ class LlamaModel : public StepProgram {
   DeviceBuffer<float> logits_;                                   // [max_batch][vocab]
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -5,7 +5,7 @@
 #include "common/error.h"
 #include "engine/llama_model.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 AttentionStackConfig llama_stack_config(const ModelConfig& c, const LlamaModelOptions& o) {
   c.validate();
@@ -38,9 +38,9 @@ AttentionStackConfig llama_stack_config(const ModelConfig& c, const LlamaModelOp
                  "layers[" + std::to_string(l) + "].window_left", a.window_left,
                  "sliding layers with different windows are not supported (one SWA pool)");
       s.window_left = a.window_left;
-      s.layers.push_back(LayerKind::kSliding);
+      s.layers.push_back(AttentionKind::kSliding);
     } else {
-      s.layers.push_back(LayerKind::kFull);
+      s.layers.push_back(AttentionKind::kFull);
     }
   }
   if (s.window_left < 0) s.window_left = 0;  // unused: no sliding layer
@@ -56,26 +56,8 @@ RopeConfig llama_rope_config(const ModelConfig& c) {
   RopeConfig r;
   r.head_dim = c.head_dim;
   r.theta = c.rope_theta;
-  const graphdecode::RopeScaling& s = c.rope_scaling;
-  switch (s.type) {
-    case graphdecode::RopeScalingType::kNone:
-    case graphdecode::RopeScalingType::kDefault:
-      r.scaling.type = RopeScalingType::kNone;
-      break;
-    case graphdecode::RopeScalingType::kLinear:
-      r.scaling.type = RopeScalingType::kLinear;
-      r.scaling.factor = s.factor;
-      break;
-    case graphdecode::RopeScalingType::kLlama3:
-      r.scaling.type = RopeScalingType::kLlama3;
-      r.scaling.factor = s.factor;
-      r.scaling.low_freq_factor = s.low_freq_factor;
-      r.scaling.high_freq_factor = s.high_freq_factor;
-      r.scaling.original_max_position_embeddings =
-          static_cast<double>(s.original_max_position_embeddings);
-      break;
-  }
+  r.scaling = c.rope_scaling;
   return r;
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -20,28 +20,18 @@
 #include <string_view>
 #include <vector>
 
+#include "common/attention_kind.h"
+#include "engine/rope_scaling.h"
+
 namespace graphdecode {
 
 enum class ModelFamily : std::uint8_t { kLlama, kMistral, kQwen2, kQwen3 };
 std::string_view model_family_name(ModelFamily f);  // the HF model_type: "llama", ...
 
-enum class AttentionKind : std::uint8_t { kFull, kSliding };
-
 // One decoder layer's attention. window_left < 0 for full attention.
 struct LayerAttention {
   AttentionKind kind = AttentionKind::kFull;
   std::int32_t window_left = -1;  // keys strictly left of the query it may see (HF W - 1)
-};
-
-// RoPE frequency scaling. kNone and kDefault both mean plain RoPE with rope_theta.
-enum class RopeScalingType : std::uint8_t { kNone, kDefault, kLinear, kLlama3 };
-
-struct RopeScaling {
-  RopeScalingType type = RopeScalingType::kNone;
-  double factor = 1.0;                                // linear, llama3
-  double low_freq_factor = 1.0;                       // llama3
-  double high_freq_factor = 4.0;                      // llama3
-  std::int64_t original_max_position_embeddings = 0;  // llama3
 };
 
 // The element type the checkpoint stores (config `torch_dtype` / `dtype`). The engine always

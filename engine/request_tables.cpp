@@ -5,9 +5,9 @@
 #include "common/error.h"
 #include "common/request_rules.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
-constexpr int kCross = static_cast<int>(PoolKind::kCross);
+constexpr int kCross = static_cast<int>(AttentionKind::kCross);
 }
 
 RequestTables::RequestTables(const StepCapacity& cap) {
@@ -89,4 +89,4 @@ std::int32_t RequestTables::tokens(std::int32_t slot) const {
   return slots_[first_pool_]->tokens(slot);
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

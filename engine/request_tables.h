@@ -15,7 +15,7 @@
 #include "memory/request_slots.h"
 #include "memory/table_commands.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 class RequestTables {
  public:
@@ -47,4 +47,4 @@ class RequestTables {
   int first_pool_ = -1;
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

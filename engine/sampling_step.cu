@@ -9,7 +9,7 @@
 #include "engine/sampling_step.h"
 #include "graphs/step_prep.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 128;
@@ -139,4 +139,4 @@ void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -19,7 +19,7 @@
 #include "engine/scheduler.h"
 #include "graphs/attention_stack.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 // Aux words of one request: what the sampler needs for its row.
 struct SamplingWords {
@@ -66,4 +66,4 @@ class SamplingStep : public StepProgram {
   DeviceBuffer<std::int32_t> published_;         // [max_batch + 1]
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

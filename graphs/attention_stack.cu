@@ -109,7 +109,7 @@ unsigned blocks_for(std::int64_t items) {
 
 }  // namespace
 
-bool AttentionStackConfig::has(LayerKind k) const {
+bool AttentionStackConfig::has(AttentionKind k) const {
   return std::find(layers.begin(), layers.end(), k) != layers.end();
 }
 
@@ -121,10 +121,10 @@ void AttentionStackConfig::validate() const {
              "must divide num_q_heads");
   GD_REQUIRE(head_dim == 64 || head_dim == 128 || head_dim == 256, "head_dim", head_dim,
              "64, 128 or 256");
-  GD_REQUIRE(!has(LayerKind::kSliding) || window_left >= 0, "window_left", window_left,
+  GD_REQUIRE(!has(AttentionKind::kSliding) || window_left >= 0, "window_left", window_left,
              "sliding layers need window_left >= 0");
-  GD_REQUIRE(!has(LayerKind::kCross) || max_encoder_len >= 1, "max_encoder_len", max_encoder_len,
-             "cross layers need encoder keys");
+  GD_REQUIRE(!has(AttentionKind::kCross) || max_encoder_len >= 1, "max_encoder_len",
+             max_encoder_len, "cross layers need encoder keys");
   GD_REQUIRE(max_new_tokens >= 1 && max_new_tokens <= max_tokens, "max_new_tokens", max_new_tokens,
              "in [1, max_tokens]");
   GD_REQUIRE(page_size >= 1, "page_size", page_size, "must be positive");
@@ -137,10 +137,10 @@ StepCapacity stack_step_capacity(const AttentionStackConfig& c) {
   cap.max_tokens = c.max_tokens;
   cap.max_slots = c.resolved_max_slots();
   cap.max_kv_len = c.max_kv_len;
-  cap.max_encoder_len = c.has(LayerKind::kCross) ? c.max_encoder_len : 0;
-  for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding, LayerKind::kCross}) {
+  cap.max_encoder_len = c.has(AttentionKind::kCross) ? c.max_encoder_len : 0;
+  for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
     if (!c.has(k)) continue;
-    cap.pools[pool_index(pool_kind_of(k))] = stack_step_pool_capacity(c, k);
+    cap.pools[pool_index(k)] = stack_step_pool_capacity(c, k);
   }
   cap.validate();
   return cap;
@@ -161,19 +161,19 @@ AttentionStack::AttentionStack(const AttentionStackConfig& config, const StepInp
                  got.max_encoder_len == want.max_encoder_len,
              "input", "capacity", "step input not built from stack_step_capacity(config)");
   std::array<std::int32_t, kNumPoolKinds> counts{};
-  for (LayerKind k : config_.layers) layer_index_.push_back(counts[static_cast<int>(k)]++);
+  for (AttentionKind k : config_.layers) layer_index_.push_back(counts[static_cast<int>(k)]++);
 
-  for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding, LayerKind::kCross}) {
+  for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
     if (!config_.has(k)) continue;
     AttentionConfig ac;
     ac.num_q_heads = config_.num_q_heads;
     ac.num_kv_heads = config_.num_kv_heads;
     ac.head_dim = config_.head_dim;
     ac.dtype = config_.dtype;
-    ac.mode = k == LayerKind::kCross ? AttentionMode::kCross : AttentionMode::kCausal;
+    ac.mode = k == AttentionKind::kCross ? AttentionMode::kCross : AttentionMode::kCausal;
     ac.max_batch = config_.max_batch;
     ac.max_q_tokens = config_.max_tokens;
-    ac.max_kv_len = k == LayerKind::kCross ? config_.max_encoder_len : config_.max_kv_len;
+    ac.max_kv_len = k == AttentionKind::kCross ? config_.max_encoder_len : config_.max_kv_len;
     ac.deterministic = config_.deterministic;
     attention_[static_cast<int>(k)] = std::make_unique<PagedAttention>(ac);
   }
@@ -190,7 +190,7 @@ AttentionStack::AttentionStack(const AttentionStackConfig& config, const StepInp
   residual_ = DeviceBuffer<float>(t * hq * d);
   residual_.fill_bytes(0, stream);
   out_.fill_bytes(0, stream);
-  if (config_.has(LayerKind::kCross)) {
+  if (config_.has(AttentionKind::kCross)) {
     const auto e = static_cast<std::size_t>(config_.max_encoder_len);
     enc_k_ = DeviceBuffer<std::uint16_t>(e * hkv * d);
     enc_v_ = DeviceBuffer<std::uint16_t>(e * hkv * d);
@@ -200,7 +200,7 @@ AttentionStack::AttentionStack(const AttentionStackConfig& config, const StepInp
   GD_CUDA(cudaStreamSynchronize(stream));
 }
 
-const KvPool& AttentionStack::pool(PoolKind k) const {
+const KvPool& AttentionStack::pool(AttentionKind k) const {
   GD_REQUIRE(has_pool(k), "kind", static_cast<int>(k), "this stack has no such pool");
   return *pools_[static_cast<int>(k)];
 }
@@ -238,17 +238,19 @@ void AttentionStack::enqueue(const StepShape& shape, cudaStream_t stream) {
   const AttentionBatch self_full = prep_.self_batch(nullptr);
   const AttentionBatch self_window = prep_.self_batch(window_left_.data());
   const AttentionBatch cross = prep_.cross_batch();
-  const auto batch_of = [&](LayerKind k) -> const AttentionBatch& {
-    return k == LayerKind::kFull ? self_full : k == LayerKind::kSliding ? self_window : cross;
+  const auto batch_of = [&](AttentionKind k) -> const AttentionBatch& {
+    return k == AttentionKind::kFull      ? self_full
+           : k == AttentionKind::kSliding ? self_window
+                                          : cross;
   };
-  for (LayerKind k : {LayerKind::kFull, LayerKind::kSliding, LayerKind::kCross}) {
+  for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
     if (attention_[static_cast<int>(k)]) attention_[static_cast<int>(k)]->plan(batch_of(k), stream);
   }
   const StepMetaView& m = prep_.device();
   const auto layers = static_cast<std::int32_t>(config_.layers.size());
   for (std::int32_t l = 0; l < layers; ++l) {
-    const LayerKind kind = config_.layers[l];
-    const bool self = kind != LayerKind::kCross;
+    const AttentionKind kind = config_.layers[l];
+    const bool self = kind != AttentionKind::kCross;
     const std::int32_t flags =
         (l == 0 ? kInitResidual : kAccumulate) | kWriteQ | (self ? kWriteKV : 0);
     layer_input(l, flags, shape, stream);
@@ -276,7 +278,7 @@ void AttentionStack::enqueue(const StepShape& shape, cudaStream_t stream) {
   layer_input(layers, kAccumulate, shape, stream);
 }
 
-void AttentionStack::apply_table(PoolKind kind, const TableCommandBatch& batch,
+void AttentionStack::apply_table(AttentionKind kind, const TableCommandBatch& batch,
                                  cudaStream_t stream) {
   GD_REQUIRE(has_pool(kind), "kind", static_cast<int>(kind), "this stack has no such pool");
   pools_[static_cast<int>(kind)]->table().apply(batch, stream);
@@ -284,12 +286,12 @@ void AttentionStack::apply_table(PoolKind kind, const TableCommandBatch& batch,
 
 void AttentionStack::encode(std::int32_t slot, std::uint32_t request_id, std::int32_t encoder_len,
                             const TableCommandBatch* cross_commands, cudaStream_t stream) {
-  GD_REQUIRE(config_.has(LayerKind::kCross), "layers", "no cross layer", "nothing to encode");
+  GD_REQUIRE(config_.has(AttentionKind::kCross), "layers", "no cross layer", "nothing to encode");
   GD_REQUIRE(slot > kPaddingSlot && slot < config_.resolved_max_slots(), "slot", slot,
              "not a request slot");
   GD_REQUIRE(encoder_len >= 0 && encoder_len <= config_.max_encoder_len, "encoder_len", encoder_len,
              "outside [0, max_encoder_len]");
-  KvPool& pool = *pools_[pool_index(PoolKind::kCross)];
+  KvPool& pool = *pools_[pool_index(AttentionKind::kCross)];
   if (cross_commands != nullptr) pool.table().apply(*cross_commands, stream);
   if (encoder_len == 0) return;
   GD_CUDA(cudaStreamSynchronize(stream));  // the staging may still feed the previous encode
@@ -303,7 +305,7 @@ void AttentionStack::encode(std::int32_t slot, std::uint32_t request_id, std::in
   GD_CUDA(cudaMemcpyAsync(enc_meta_.data(), h, (1 + 2 * e) * sizeof(std::int32_t),
                           cudaMemcpyHostToDevice, stream));
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(config_.layers.size()); ++l) {
-    if (config_.layers[l] != LayerKind::kCross) continue;
+    if (config_.layers[l] != AttentionKind::kCross) continue;
     EncoderParams p;
     p.count = enc_meta_.data();
     p.k = enc_k_.data();

@@ -31,13 +31,8 @@
 
 namespace graphdecode {
 
-enum class LayerKind : std::uint8_t { kFull = 0, kSliding = 1, kCross = 2 };
-constexpr PoolKind pool_kind_of(LayerKind k) {
-  return static_cast<PoolKind>(static_cast<int>(k));
-}
-
 struct AttentionStackConfig {
-  std::vector<LayerKind> layers;  // at least one
+  std::vector<AttentionKind> layers;  // at least one
   std::int32_t num_q_heads = 4;
   std::int32_t num_kv_heads = 2;
   std::int32_t head_dim = 64;  // 64, 128 or 256 (attention kernel)
@@ -57,7 +52,7 @@ struct AttentionStackConfig {
 
   void validate() const;  // Error names the bad field
   std::int32_t resolved_max_slots() const { return max_slots > 0 ? max_slots : max_batch * 2 + 1; }
-  bool has(LayerKind k) const;
+  bool has(AttentionKind k) const;
 };
 
 // What the step input must hold for this stack (pools present per layer kinds, their geometry).
@@ -93,15 +88,15 @@ class AttentionStack : public StepProgram {
   void encode(std::int32_t slot, std::uint32_t request_id, std::int32_t encoder_len,
               const TableCommandBatch* cross_commands, cudaStream_t stream);
   // Eager table update of one pool (outside a step).
-  void apply_table(PoolKind kind, const TableCommandBatch& batch, cudaStream_t stream);
+  void apply_table(AttentionKind kind, const TableCommandBatch& batch, cudaStream_t stream);
 
   // residual [max_tokens][num_q_heads * head_dim] float: the step's output.
   const float* residual() const noexcept { return residual_.data(); }
   std::int32_t row_elems() const noexcept { return config_.num_q_heads * config_.head_dim; }
   const AttentionStackConfig& config() const noexcept { return config_; }
   const StepPrep& prep() const noexcept { return prep_; }
-  bool has_pool(PoolKind k) const noexcept { return pools_[static_cast<int>(k)] != nullptr; }
-  const KvPool& pool(PoolKind k) const;
+  bool has_pool(AttentionKind k) const noexcept { return pools_[static_cast<int>(k)] != nullptr; }
+  const KvPool& pool(AttentionKind k) const;
   std::int32_t layer_in_pool(std::int32_t layer) const { return layer_index_[layer]; }
 
  private:

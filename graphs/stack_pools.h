@@ -20,10 +20,10 @@ using StackPools = std::array<std::unique_ptr<KvPool>, kNumPoolKinds>;
 
 // The pool of one attention kind: full pools hold max_kv_len per slot (or full_pages in all),
 // sliding pools the window plus max_new_tokens per request, cross pools max_encoder_len per slot.
-KvPoolConfig stack_pool_config(const AttentionStackConfig& config, LayerKind kind);
+KvPoolConfig stack_pool_config(const AttentionStackConfig& config, AttentionKind kind);
 
 // Table commands and page ids one step may carry for the pool of `kind`.
-StepPoolCapacity stack_step_pool_capacity(const AttentionStackConfig& config, LayerKind kind);
+StepPoolCapacity stack_step_pool_capacity(const AttentionStackConfig& config, AttentionKind kind);
 
 // Validates `config` and allocates the pools of every kind it uses (others stay null).
 StackPools make_stack_pools(const AttentionStackConfig& config, cudaStream_t stream);

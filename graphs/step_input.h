@@ -41,9 +41,9 @@ enum class StepMode : std::int32_t {
 inline constexpr int kNumStepModes = 4;
 std::string_view step_mode_name(StepMode m);
 
-// Pool kinds as indices of the per-pool sections (same order as PoolKind).
+// Pool kinds as indices of the per-pool sections (same order as AttentionKind).
 inline constexpr int kNumPoolKinds = 3;
-constexpr int pool_index(PoolKind k) {
+constexpr int pool_index(AttentionKind k) {
   return static_cast<int>(k);
 }
 

@@ -9,22 +9,10 @@
 
 namespace graphdecode {
 
-std::string_view pool_kind_name(PoolKind k) {
-  switch (k) {
-    case PoolKind::kFull:
-      return "full";
-    case PoolKind::kSlidingWindow:
-      return "sliding_window";
-    case PoolKind::kCross:
-      return "cross";
-  }
-  return "unknown";
-}
-
 void PoolGeometry::validate() const {
-  GD_REQUIRE(
-      kind == PoolKind::kFull || kind == PoolKind::kSlidingWindow || kind == PoolKind::kCross,
-      "kind", static_cast<int>(kind), "unknown pool kind");
+  GD_REQUIRE(kind == AttentionKind::kFull || kind == AttentionKind::kSliding ||
+                 kind == AttentionKind::kCross,
+             "kind", static_cast<int>(kind), "unknown pool kind");
   GD_REQUIRE(page_size >= 1, "page_size", page_size, "a page holds at least one token");
   GD_REQUIRE(num_pages >= 2, "num_pages", num_pages,
              "a pool needs the reserved page plus at least one usable page");
@@ -41,14 +29,14 @@ void PoolGeometry::validate() const {
              "num_pages * page_size overflows int32 flat destinations");
   GD_REQUIRE(static_cast<std::int64_t>(max_slots) * max_pages_per_slot <= kMaxInt32, "max_slots",
              max_slots, "max_slots * max_pages_per_slot overflows the page table index");
-  if (kind == PoolKind::kSlidingWindow) {
+  if (kind == AttentionKind::kSliding) {
     GD_REQUIRE(window_left >= 0 && window_left < max_tokens_per_slot(), "window_left", window_left,
                "a sliding-window pool needs 0 <= window_left < max_pages_per_slot * page_size (" +
                    std::to_string(max_tokens_per_slot()) + ")");
   } else {
     GD_REQUIRE(window_left < 0, "window_left", window_left,
                std::string("only a sliding-window pool takes window_left >= 0; this pool is ") +
-                   std::string(pool_kind_name(kind)));
+                   std::string(attention_kind_name(kind)));
   }
 }
 

@@ -8,24 +8,20 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/attention_kind.h"
 #include "common/dtype.h"
 
 namespace graphdecode {
 
-// One mechanism, three kinds of pool; they differ only in which pages a request keeps.
-enum class PoolKind : std::uint8_t {
-  kFull = 0,           // every page of a request stays until truncate/release
-  kSlidingWindow = 1,  // pages left of the step's window are returned as the request grows
-  kCross = 2,          // encoder K/V: written once per request (its own length), freed at release
-};
-std::string_view pool_kind_name(PoolKind k);
+// One mechanism, three kinds of pool (common/attention_kind.h); they differ only in which pages a
+// request keeps.
 
 // Page 0 of every pool is never handed out: the padding slot's row points at it, so padding rows
 // of a graph bucket read and write only this page.
 inline constexpr std::int32_t kReservedPage = 0;
 
 struct PoolGeometry {
-  PoolKind kind = PoolKind::kFull;
+  AttentionKind kind = AttentionKind::kFull;
   std::int32_t page_size = 16;          // tokens per page (1, 16, 32, 64, ...)
   std::int32_t num_pages = 0;           // including kReservedPage
   std::int32_t max_slots = 0;           // including kPaddingSlot (slot 0)

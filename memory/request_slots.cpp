@@ -62,7 +62,7 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
   require_active(slot, "extend");
   SlotState& s = slots_[static_cast<std::size_t>(slot)];
   GD_REQUIRE(extend_len >= 0, "extend_len", extend_len, "a step cannot add a negative count");
-  GD_REQUIRE(geometry_.kind != PoolKind::kCross || s.tokens == 0, "slot", slot,
+  GD_REQUIRE(geometry_.kind != AttentionKind::kCross || s.tokens == 0, "slot", slot,
              "cross pool: this request already holds its encoder K/V (written once)");
   const std::int32_t P = geometry_.page_size;
   const std::int32_t prefix_len = s.tokens;
@@ -77,7 +77,7 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
   // of its first visible key are never read again. new_first <= held always (the first visible
   // key is <= prefix_len), so every evicted entry is a page we hold.
   const std::int32_t new_first =
-      geometry_.kind == PoolKind::kSlidingWindow
+      geometry_.kind == AttentionKind::kSliding
           ? std::max(s.first_resident,
                      swa_first_resident_page(prefix_len, geometry_.window_left, P))
           : s.first_resident;
@@ -109,12 +109,12 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
 void RequestSlots::truncate(std::int32_t slot, std::int32_t tokens, TableCommandBatch& out) {
   require_active(slot, "truncate");
   SlotState& s = slots_[static_cast<std::size_t>(slot)];
-  GD_REQUIRE(geometry_.kind != PoolKind::kCross, "kind", pool_kind_name(geometry_.kind),
+  GD_REQUIRE(geometry_.kind != AttentionKind::kCross, "kind", attention_kind_name(geometry_.kind),
              "a cross (encoder) pool is written once and cannot be truncated");
   GD_REQUIRE(tokens >= 0 && tokens <= s.tokens, "tokens", tokens,
              "truncate needs 0 <= tokens <= tokens held (" + std::to_string(s.tokens) + ")");
   const std::int32_t P = geometry_.page_size;
-  if (geometry_.kind == PoolKind::kSlidingWindow) {
+  if (geometry_.kind == AttentionKind::kSliding) {
     // The next step starts at prefix_len = tokens and reads from its first visible key on; that
     // page must still be resident.
     GD_REQUIRE(swa_first_resident_page(tokens, geometry_.window_left, P) >= s.first_resident,

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace graphdecode::engine::detail {
+namespace graphdecode::detail {
 
 // Eight bf16 values moved as one 16-byte load/store.
 struct Vec8 {
@@ -63,4 +63,4 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return x;
 }
 
-}  // namespace graphdecode::engine::detail
+}  // namespace graphdecode::detail

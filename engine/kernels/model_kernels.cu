@@ -8,7 +8,7 @@
 #include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/model_kernels.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using detail::load8;
@@ -185,4 +185,4 @@ void add_bias(const AddBiasArgs& args, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

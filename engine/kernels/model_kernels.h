@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 using bf16_bits = std::uint16_t;  // one bf16 element (device memory)
 
@@ -105,4 +105,4 @@ struct AddBiasArgs {
 };
 void add_bias(const AddBiasArgs& args, cudaStream_t stream);
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -12,7 +12,7 @@
 #define GD_PHILOX_HD inline
 #endif
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct Philox4 {
   std::uint32_t v[4];
@@ -58,4 +58,4 @@ GD_PHILOX_HD std::uint32_t float_order_key(std::uint32_t bits) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

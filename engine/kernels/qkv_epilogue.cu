@@ -18,7 +18,7 @@
 #include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/qkv_epilogue.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using detail::load8;
@@ -180,4 +180,4 @@ void qkv_epilogue(const QkvEpilogueArgs& a, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

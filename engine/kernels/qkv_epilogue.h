@@ -19,7 +19,7 @@
 
 #include "memory/kv_layout.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct QkvEpilogueArgs {
   const std::uint16_t* qkv = nullptr;       // [max_rows][(hq + 2 hkv) head_dim] bf16, not modified
@@ -44,4 +44,4 @@ struct QkvEpilogueArgs {
 // kernel on `stream` and checks the launch.
 void qkv_epilogue(const QkvEpilogueArgs& args, cudaStream_t stream);
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 std::vector<double> rope_inv_freq(const RopeConfig& c) {
   GD_REQUIRE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, "head_dim", c.head_dim,
@@ -14,10 +14,10 @@ std::vector<double> rope_inv_freq(const RopeConfig& c) {
   GD_REQUIRE(std::isfinite(c.theta) && c.theta > 1.0, "theta", c.theta,
              "rope theta must be finite and > 1");
   const RopeScaling& s = c.scaling;
-  GD_REQUIRE(s.type == RopeScalingType::kNone || s.type == RopeScalingType::kLinear ||
-                 s.type == RopeScalingType::kLlama3,
+  GD_REQUIRE(s.type == RopeScalingType::kNone || s.type == RopeScalingType::kDefault ||
+                 s.type == RopeScalingType::kLinear || s.type == RopeScalingType::kLlama3,
              "scaling.type", static_cast<int>(s.type), "unknown rope scaling type");
-  if (s.type != RopeScalingType::kNone)
+  if (s.type == RopeScalingType::kLinear || s.type == RopeScalingType::kLlama3)
     GD_REQUIRE(std::isfinite(s.factor) && s.factor > 0.0, "scaling.factor", s.factor,
                "rope scaling factor must be finite and > 0");
   if (s.type == RopeScalingType::kLlama3) {
@@ -26,10 +26,8 @@ std::vector<double> rope_inv_freq(const RopeConfig& c) {
     GD_REQUIRE(std::isfinite(s.high_freq_factor) && s.high_freq_factor > s.low_freq_factor,
                "scaling.high_freq_factor", s.high_freq_factor,
                "must be finite and greater than low_freq_factor");
-    GD_REQUIRE(std::isfinite(s.original_max_position_embeddings) &&
-                   s.original_max_position_embeddings > 0.0,
-               "scaling.original_max_position_embeddings", s.original_max_position_embeddings,
-               "must be finite and > 0");
+    GD_REQUIRE(s.original_max_position_embeddings > 0, "scaling.original_max_position_embeddings",
+               s.original_max_position_embeddings, "must be finite and > 0");
   }
 
   const std::int32_t half = c.head_dim / 2;
@@ -40,7 +38,7 @@ std::vector<double> rope_inv_freq(const RopeConfig& c) {
   if (s.type == RopeScalingType::kLinear) {
     for (double& f : inv) f /= s.factor;
   } else if (s.type == RopeScalingType::kLlama3) {
-    const double old_ctx = s.original_max_position_embeddings;
+    const auto old_ctx = static_cast<double>(s.original_max_position_embeddings);
     const double low_freq_wavelen = old_ctx / s.low_freq_factor;
     const double high_freq_wavelen = old_ctx / s.high_freq_factor;
     for (double& f : inv) {
@@ -68,4 +66,4 @@ RopeTable::RopeTable(const RopeConfig& config, cudaStream_t stream) {
   head_dim_ = config.head_dim;
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -18,18 +18,9 @@
 #include <vector>
 
 #include "common/buffers.h"
+#include "engine/rope_scaling.h"
 
-namespace graphdecode::engine {
-
-enum class RopeScalingType : std::uint8_t { kNone = 0, kLinear = 1, kLlama3 = 2 };
-
-struct RopeScaling {
-  RopeScalingType type = RopeScalingType::kNone;
-  double factor = 1.0;                               // linear, llama3
-  double low_freq_factor = 1.0;                      // llama3
-  double high_freq_factor = 4.0;                     // llama3
-  double original_max_position_embeddings = 8192.0;  // llama3
-};
+namespace graphdecode {
 
 struct RopeConfig {
   std::int32_t head_dim = 128;  // 64, 128 or 256
@@ -55,4 +46,4 @@ class RopeTable {
   std::int32_t head_dim_ = 0;
 };
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "engine/kernels/model_kernels.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 128;
@@ -77,4 +77,4 @@ void rope(const RopeArgs& args, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

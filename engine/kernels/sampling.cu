@@ -9,7 +9,7 @@
 #include "engine/kernels/philox.h"
 #include "engine/kernels/sampling.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 1024;
@@ -223,4 +223,4 @@ void sample(const SamplingArgs& args, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 enum class LogitsType : std::uint8_t { kFloat32 = 0, kBF16 = 1 };
 
@@ -49,4 +49,4 @@ constexpr std::int32_t kMaxSamplingVocab = 1 << 22;
 
 void sample(const SamplingArgs& args, cudaStream_t stream);
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

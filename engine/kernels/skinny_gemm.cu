@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "engine/kernels/skinny_gemm.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 512;
@@ -215,4 +215,4 @@ void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   GD_CHECK_LAUNCH();
 }
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -27,7 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace graphdecode::engine {
+namespace graphdecode {
 
 struct SkinnyGemmArgs {
   const std::uint16_t* x = nullptr;  // [rows][k] bf16, 16-byte aligned
@@ -61,4 +61,4 @@ bool skinny_gemm_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
 // Validates `args` (graphdecode::Error names the field) and launches on `stream`.
 void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream);
 
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -1,4 +1,4 @@
-// decode_loop: the main example. Embeds graphdecode::engine::Engine as a serving loop would:
+// decode_loop: the main example. Embeds graphdecode::Engine as a serving loop would:
 // submits a stream of requests (random prompts of mixed lengths, mixed output lengths, greedy
 // and sampled), runs continuous batching to completion with decode steps by CUDA-graph replay,
 // streams the first request's tokens, and prints throughput and per-step latency.
@@ -118,12 +118,12 @@ int main(int argc, char** argv) {
                 static_cast<double>(weights.total_bytes()) * 1e-9,
                 o.checkpoint.empty() ? "synthetic" : o.checkpoint.c_str());
 
-    engine::EngineConfig ec;
+    EngineConfig ec;
     ec.max_batch = o.max_batch;
     ec.max_context = o.max_context;
     ec.max_step_tokens = 2048;
     ec.use_graphs = o.graphs;
-    engine::Engine engine(weights, ec);
+    Engine engine(weights, ec);
     const double setup_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("engine: max batch %d, max context %d, %zu graphs (%.1f MiB), set up in %.1f s\n",
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
       for (auto& t : s.prompt) t = uniform(0, mc.vocab_size - 1);
       s.max_new_tokens = uniform(std::max(1, o.new_tokens / 2), o.new_tokens);
       if (r % 2 == 1) s.sampling = {o.temperature, o.top_k, o.top_p, o.seed * 1000003 + r};
-      engine::TokenCallback cb;
+      TokenCallback cb;
       if (r == 0) cb = [&](const TokenEvent& e) { first_tokens.push_back(e.token); };
       engine.submit(std::move(s), std::move(cb));
     }
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < first_tokens.size() && i < 16; ++i)
       std::printf(" %d", first_tokens[i]);
     std::printf("%s\n", first_tokens.size() > 16 ? " ..." : "");
-    const engine::EngineStats s = engine.stats();
+    const EngineStats s = engine.stats();
     std::printf(
         "requests %lld finished | prompt tokens %lld, generated %lld | steps %lld (prefill %lld, "
         "decode %lld; graph %lld, eager %lld)\n",

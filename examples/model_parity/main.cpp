@@ -63,7 +63,7 @@ int usage() {
 int main(int argc, char** argv) {
   std::string checkpoint, synthetic, prompts_path, out;
   std::uint64_t seed = 1;
-  engine::GenerateOptions opt;
+  GenerateOptions opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     Stream stream;
     std::ofstream logits_out(out + ".f32", std::ios::binary);
     if (!logits_out) throw Error("cannot write", "model_parity", "out", out + ".f32");
-    const engine::GenerateResult r = engine::generate_greedy(
+    const GenerateResult r = generate_greedy(
         weights, prompts, opt, stream.get(),
         [&](std::int32_t, std::span<const float> logits, std::span<const std::int32_t>) {
           logits_out.write(reinterpret_cast<const char*>(logits.data()),

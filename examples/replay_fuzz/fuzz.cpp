@@ -53,10 +53,10 @@ AttentionStackConfig draw_config(std::mt19937_64& rng, std::int32_t max_batch) {
   // Windows at and around page boundaries.
   c.window_left = std::array<std::int32_t, 6>{ps - 1, ps,         2 * ps - 1,
                                               2 * ps, 2 * ps + 1, 3 * ps - 2}[uniform(rng, 0, 5)];
-  c.layers = {LayerKind::kFull, LayerKind::kSliding, LayerKind::kCross};
+  c.layers = {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross};
   const std::int32_t extra = uniform(rng, 0, 3);
   for (std::int32_t i = 0; i < extra; ++i)
-    c.layers.push_back(static_cast<LayerKind>(uniform(rng, 0, 2)));
+    c.layers.push_back(static_cast<AttentionKind>(uniform(rng, 0, 2)));
   std::shuffle(c.layers.begin(), c.layers.end(), rng);
   c.num_q_heads = 4;
   c.num_kv_heads = uniform(rng, 0, 1) ? 2 : 1;
@@ -74,7 +74,7 @@ AttentionStackConfig draw_config(std::mt19937_64& rng, std::int32_t max_batch) {
 std::string describe(const AttentionStackConfig& c) {
   std::ostringstream os;
   os << "layers=";
-  for (LayerKind k : c.layers) os << "FSC"[static_cast<int>(k)];
+  for (AttentionKind k : c.layers) os << "FSC"[static_cast<int>(k)];
   os << " page=" << c.page_size << " window_left=" << c.window_left << " heads=" << c.num_q_heads
      << "/" << c.num_kv_heads << " dim=" << c.head_dim << " " << dtype_name(c.dtype)
      << " max_batch=" << c.max_batch << " max_tokens=" << c.max_tokens;
@@ -104,7 +104,7 @@ class Fuzzer {
       scramble(k);
     }
     cross_batch_ =
-        std::make_unique<TableCommandBatch>(a_->stack.pool(PoolKind::kCross).make_batch());
+        std::make_unique<TableCommandBatch>(a_->stack.pool(AttentionKind::kCross).make_batch());
     residual_a_.resize(static_cast<std::size_t>(cap_.max_tokens) * a_->stack.row_elems());
     residual_b_ = residual_a_;
     a_->graphs.capture(stream_);
@@ -140,16 +140,16 @@ class Fuzzer {
     a.release(pages);
   }
 
-  bool pool(PoolKind k) const { return cap_.pools[pool_index(k)].present; }
-  RequestSlots& slots(PoolKind k) { return *slots_[pool_index(k)]; }
-  TableCommandBatch& batch(PoolKind k) { return *batches_[pool_index(k)]; }
+  bool pool(AttentionKind k) const { return cap_.pools[pool_index(k)].present; }
+  RequestSlots& slots(AttentionKind k) { return *slots_[pool_index(k)]; }
+  TableCommandBatch& batch(AttentionKind k) { return *batches_[pool_index(k)]; }
 
   void finish(std::size_t i) {
     const Request& r = live_[i];
-    for (PoolKind k : {PoolKind::kFull, PoolKind::kSlidingWindow}) {
+    for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
       if (pool(k)) slots(k).release(r.slot, batch(k));
     }
-    slots(PoolKind::kCross).release(r.slot, *cross_batch_);
+    slots(AttentionKind::kCross).release(r.slot, *cross_batch_);
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 
@@ -167,8 +167,8 @@ class Fuzzer {
     std::vector<std::size_t> fresh;
     for (std::int32_t i = 0; i < arrivals; ++i) {
       Request r;
-      r.slot = slots(PoolKind::kCross).acquire();
-      for (PoolKind k : {PoolKind::kFull, PoolKind::kSlidingWindow}) {
+      r.slot = slots(AttentionKind::kCross).acquire();
+      for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
         if (!pool(k)) continue;
         const std::int32_t s = slots(k).acquire();
         GD_REQUIRE(s == r.slot, "slot", s, "pools handed out different slots (bookkeeping bug)");
@@ -182,14 +182,15 @@ class Fuzzer {
           break;
         }
       }
-      if (r.encoder_len > 0) slots(PoolKind::kCross).extend(r.slot, r.encoder_len, *cross_batch_);
+      if (r.encoder_len > 0)
+        slots(AttentionKind::kCross).extend(r.slot, r.encoder_len, *cross_batch_);
       live_.push_back(r);
       fresh.push_back(live_.size() - 1);
     }
     for (Engine* e : {a_.get(), b_.get()}) {
       const TableCommandBatch* cmds = cross_batch_.get();
       if (fresh.empty() && !cross_batch_->empty())
-        e->stack.apply_table(PoolKind::kCross, *cross_batch_, stream_);
+        e->stack.apply_table(AttentionKind::kCross, *cross_batch_, stream_);
       for (std::size_t i : fresh) {
         const Request& r = live_[i];
         e->stack.encode(r.slot, r.id, r.encoder_len, cmds, stream_);
@@ -207,7 +208,7 @@ class Fuzzer {
   void checksums(std::array<std::vector<std::uint64_t>, kNumPoolKinds>& out) {
     for (int k = 0; k < kNumPoolKinds; ++k) {
       if (!cap_.pools[k].present) continue;
-      page_checksums(a_->stack.pool(static_cast<PoolKind>(k)), checksum_dev_[k].data(), out[k],
+      page_checksums(a_->stack.pool(static_cast<AttentionKind>(k)), checksum_dev_[k].data(), out[k],
                      stream_);
     }
   }
@@ -247,7 +248,7 @@ class Fuzzer {
         ext = uniform(rng_, 1, std::max(1, std::min(kMaxPrompt, budget - left * kSpecTokens)));
       budget -= ext;
       StepRequest q{r.slot, static_cast<std::int32_t>(r.history.size()), ext, r.encoder_len};
-      for (PoolKind k : {PoolKind::kFull, PoolKind::kSlidingWindow}) {
+      for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
         if (pool(k)) slots(k).extend(r.slot, ext, batch(k));
       }
       prefix_.push_back(q.prefix_len);
@@ -308,7 +309,7 @@ class Fuzzer {
       for (std::size_t j = 0; j < order.size(); ++j) {
         Request& r = live_[order[j]];
         const std::int32_t keep = prefix_[j] + uniform(rng_, 1, n_key);
-        for (PoolKind k : {PoolKind::kFull, PoolKind::kSlidingWindow}) {
+        for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
           if (pool(k)) slots(k).truncate(r.slot, keep, batch(k));
         }
         r.history.resize(static_cast<std::size_t>(keep));
@@ -328,7 +329,7 @@ class Fuzzer {
         fail(what + ": reserved page changed in pool " + std::to_string(k));
       for (const Request& r : live_) {
         std::int32_t protect_below = INT32_MAX;  // logical pages [0, protect_below) are protected
-        if (k != pool_index(PoolKind::kCross)) {
+        if (k != pool_index(AttentionKind::kCross)) {
           for (std::size_t j = 0; j < requests_.size(); ++j) {
             if (requests_[j].slot == r.slot) protect_below = prefix_[j] / ps;
           }
@@ -364,7 +365,7 @@ class Fuzzer {
       std::vector<double> residual(static_cast<std::size_t>(hq * dim), 0.0);
       std::vector<double> qv(static_cast<std::size_t>(dim)), acc(static_cast<std::size_t>(dim));
       for (std::int32_t l = 0; l < static_cast<std::int32_t>(config_.layers.size()); ++l) {
-        const LayerKind kind = config_.layers[l];
+        const AttentionKind kind = config_.layers[l];
         std::vector<double> out(residual.size(), 0.0);
         for (std::int32_t h = 0; h < hq; ++h) {
           const std::int32_t kvh = h / group;
@@ -376,13 +377,14 @@ class Fuzzer {
             qv[d] = reference::to_float(reference::from_float(v, config_.dtype), config_.dtype);
           }
           std::int32_t k_begin = 0, k_end = pos + 1;
-          if (kind == LayerKind::kSliding) k_begin = first_visible_key(pos, config_.window_left);
-          if (kind == LayerKind::kCross) k_end = req->encoder_len;
+          if (kind == AttentionKind::kSliding)
+            k_begin = first_visible_key(pos, config_.window_left);
+          if (kind == AttentionKind::kCross) k_end = req->encoder_len;
           if (k_end <= k_begin) continue;  // sees no key: output 0
           double m = -INFINITY, denom = 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
           for (std::int32_t key = k_begin; key < k_end; ++key) {
-            const bool cross = kind == LayerKind::kCross;
+            const bool cross = kind == AttentionKind::kCross;
             const std::uint32_t a = cross ? req->id : static_cast<std::uint32_t>(req->history[key]);
             const auto tk = cross ? synthetic::kEncoderKey : synthetic::kKey;
             const auto tv = cross ? synthetic::kEncoderValue : synthetic::kValue;

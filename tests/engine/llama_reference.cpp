@@ -76,7 +76,7 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& w,
   const auto inter = static_cast<std::size_t>(c.intermediate_size);
   const auto V = static_cast<std::size_t>(c.vocab_size);
   const std::size_t L = tokens.size();
-  const Vec inv_freq = engine::rope_inv_freq(engine::llama_rope_config(c));
+  const Vec inv_freq = rope_inv_freq(llama_rope_config(c));
   const Vec embed = vec(w.at("model.embed_tokens.weight"));
 
   std::vector<Vec> x(L, Vec(H));

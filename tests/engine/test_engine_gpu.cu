@@ -22,9 +22,6 @@
 namespace graphdecode {
 namespace {
 
-using engine::Engine;
-using engine::EngineConfig;
-
 class EngineGpu : public testing::GpuTest {};
 
 struct Collected {
@@ -32,7 +29,7 @@ struct Collected {
   std::map<RequestId, int> finished;  // finish events per request
 };
 
-engine::TokenCallback collect(Collected& c) {
+TokenCallback collect(Collected& c) {
   return [&c](const TokenEvent& e) {
     EXPECT_EQ(c.finished[e.id], 0) << "token after the finish event of request " << e.id;
     c.tokens[e.id].push_back(e.token);
@@ -113,7 +110,7 @@ TEST_P(EngineContinuousBatching, GreedyTokensConfirmedByFloat64Reference) {
   EXPECT_TRUE(engine.idle());
   EXPECT_GE(most_running, 2) << "requests should share steps";
 
-  const engine::EngineStats st = engine.stats();
+  const EngineStats st = engine.stats();
   EXPECT_EQ(st.finished, n);
   EXPECT_GT(st.decode_steps, 0);
   EXPECT_GT(st.prefill_steps, 0);

@@ -20,7 +20,7 @@
 #include "graphs/cuda_graph.h"
 #include "support/gpu_test.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using namespace graphdecode::testing;
@@ -197,7 +197,7 @@ TEST_F(EngineKernels, RopeDefaultAndLlama3) {
   plain.theta = 10000.0;
   RopeConfig llama3;
   llama3.theta = 500000.0;
-  llama3.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192.0};
+  llama3.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
   for (int hd : {64, 128, 256}) {
     plain.head_dim = llama3.head_dim = hd;
     rope_case(rng, s, hd, 8, 2, false, plain);
@@ -369,7 +369,7 @@ TEST_F(EngineKernels, GraphReplayMatchesEagerBitwise) {
   RopeConfig rc;
   rc.head_dim = kHd;
   rc.theta = 500000.0;
-  rc.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192.0};
+  rc.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
   RopeTable table(rc, s);
   auto emb_table = to_device(random_bf16(rng, static_cast<std::size_t>(kVocab) * kHidden), s);
   auto bias = to_device(random_bf16(rng, kHidden), s);
@@ -457,4 +457,4 @@ TEST_F(EngineKernels, GraphReplayMatchesEagerBitwise) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -21,8 +21,6 @@
 namespace graphdecode {
 namespace {
 
-using engine::GenerateOptions;
-
 class LlamaModelGpu : public testing::GpuTest {};
 
 std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c) {
@@ -42,10 +40,10 @@ TEST_F(LlamaModelGpu, PrefillAndDecodeMatchFloat64Reference) {
   opt.new_tokens = 2;
   Stream stream;
   std::vector<std::vector<float>> logits;
-  const engine::GenerateResult r = engine::generate_greedy(
-      w, prompts, opt, stream.get(), [&](std::int32_t, std::span<const float> l, auto) {
-        logits.emplace_back(l.begin(), l.end());
-      });
+  const GenerateResult r = generate_greedy(w, prompts, opt, stream.get(),
+                                           [&](std::int32_t, std::span<const float> l, auto) {
+                                             logits.emplace_back(l.begin(), l.end());
+                                           });
   ASSERT_EQ(logits.size(), 2u);
   const auto V = static_cast<std::size_t>(config.vocab_size);
   for (std::size_t step = 0; step < 2; ++step) {
@@ -78,11 +76,11 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   const auto prompts = prompts_for(config);
   GenerateOptions opt;
   opt.new_tokens = 2;
-  const engine::LlamaModelOptions mo = engine::generation_model_options(prompts, opt);
-  const StepCapacity cap = engine::llama_step_capacity(config, mo);
+  const LlamaModelOptions mo = generation_model_options(prompts, opt);
+  const StepCapacity cap = llama_step_capacity(config, mo);
   Stream stream;
   StepInput input(cap);
-  engine::LlamaModel model(w, mo, input, stream.get());
+  LlamaModel model(w, mo, input, stream.get());
   StepGraphsConfig gc;
   gc.modes = {{StepMode::kDecode, 1}};
   StepGraphs graphs(input, model, gc);

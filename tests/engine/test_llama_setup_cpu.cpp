@@ -13,14 +13,12 @@
 namespace graphdecode {
 namespace {
 
-using engine::WeightArenaLayout;
-
 TEST(LlamaSetup, ArenaFusesQkvAndGateUp) {
   const ModelConfig c = small_test_config();
   const HostWeights w = synthetic_weights(c, 3);
   const WeightArenaLayout a = WeightArenaLayout::compute(c);
   ASSERT_EQ(a.layers.size(), static_cast<std::size_t>(c.num_hidden_layers));
-  const std::vector<std::uint16_t> img = engine::pack_weight_arena(w, a);
+  const std::vector<std::uint16_t> img = pack_weight_arena(w, a);
   ASSERT_EQ(img.size(), a.total_elems);
   const std::size_t h = static_cast<std::size_t>(c.hidden_size);
   const std::size_t q = static_cast<std::size_t>(c.q_size());
@@ -46,25 +44,25 @@ TEST(LlamaSetup, TiedEmbeddingSharesTheArena) {
 
 TEST(LlamaSetup, StackConfigFollowsLayerKinds) {
   const ModelConfig c = small_test_config();
-  engine::LlamaModelOptions o;
-  const AttentionStackConfig s = engine::llama_stack_config(c, o);
+  LlamaModelOptions o;
+  const AttentionStackConfig s = llama_stack_config(c, o);
   ASSERT_EQ(s.layers.size(), c.layers.size());
   for (std::size_t l = 0; l < c.layers.size(); ++l) {
-    EXPECT_EQ(s.layers[l] == LayerKind::kSliding, c.layers[l].kind == AttentionKind::kSliding);
+    EXPECT_EQ(s.layers[l] == AttentionKind::kSliding, c.layers[l].kind == AttentionKind::kSliding);
     if (c.layers[l].kind == AttentionKind::kSliding)
       EXPECT_EQ(s.window_left, c.layers[l].window_left);
   }
-  const StepCapacity cap = engine::llama_step_capacity(c, o);
-  EXPECT_TRUE(cap.pools[pool_index(PoolKind::kFull)].present);
-  EXPECT_TRUE(cap.pools[pool_index(PoolKind::kSlidingWindow)].present);
-  EXPECT_FALSE(cap.pools[pool_index(PoolKind::kCross)].present);
+  const StepCapacity cap = llama_step_capacity(c, o);
+  EXPECT_TRUE(cap.pools[pool_index(AttentionKind::kFull)].present);
+  EXPECT_TRUE(cap.pools[pool_index(AttentionKind::kSliding)].present);
+  EXPECT_FALSE(cap.pools[pool_index(AttentionKind::kCross)].present);
 }
 
 TEST(LlamaSetup, DifferentWindowsAreRefused) {
   ModelConfig c = small_test_config();
   c.layers[0] = {AttentionKind::kSliding, 7};
   c.layers[1] = {AttentionKind::kSliding, 15};
-  EXPECT_THROW(engine::llama_stack_config(c, {}), Error);
+  EXPECT_THROW(llama_stack_config(c, {}), Error);
 }
 
 TEST(LlamaSetup, RopeConfigCarriesLlama3Scaling) {
@@ -72,23 +70,23 @@ TEST(LlamaSetup, RopeConfigCarriesLlama3Scaling) {
   c.rope_scaling.type = RopeScalingType::kLlama3;
   c.rope_scaling.factor = 8.0;
   c.rope_scaling.original_max_position_embeddings = 8192;
-  const engine::RopeConfig r = engine::llama_rope_config(c);
-  EXPECT_EQ(r.scaling.type, engine::RopeScalingType::kLlama3);
+  const RopeConfig r = llama_rope_config(c);
+  EXPECT_EQ(r.scaling.type, RopeScalingType::kLlama3);
   EXPECT_EQ(r.scaling.factor, 8.0);
-  EXPECT_EQ(r.scaling.original_max_position_embeddings, 8192.0);
+  EXPECT_EQ(r.scaling.original_max_position_embeddings, 8192);
   EXPECT_EQ(r.head_dim, c.head_dim);
 }
 
 TEST(LlamaSetup, ArgmaxTakesTheFirstMaximum) {
   const std::vector<float> v = {0.f, 3.f, 1.f, 3.f};
-  EXPECT_EQ(engine::argmax(v), 1);
+  EXPECT_EQ(argmax(v), 1);
 }
 
 TEST(LlamaSetup, GenerationOptionsFitThePrompts) {
   const std::vector<std::vector<std::int32_t>> p = {{1, 2, 3}, {4, 5, 6, 7, 8}};
-  engine::GenerateOptions g;
+  GenerateOptions g;
   g.new_tokens = 10;
-  const engine::LlamaModelOptions o = engine::generation_model_options(p, g);
+  const LlamaModelOptions o = generation_model_options(p, g);
   EXPECT_EQ(o.max_batch, 2);
   EXPECT_EQ(o.max_tokens, 8);
   EXPECT_EQ(o.max_kv_len, 15);

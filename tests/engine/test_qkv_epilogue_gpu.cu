@@ -25,7 +25,7 @@
 #include "memory/kv_write.h"
 #include "support/gpu_test.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using namespace graphdecode::testing;
@@ -121,7 +121,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
   RopeConfig rc;
   rc.head_dim = c.hd;
   rc.theta = c.norm ? 1000000.0 : 500000.0;
-  if (!c.norm) rc.scaling = {RopeScalingType::kLlama3, 32.0, 1.0, 4.0, 8192.0};
+  if (!c.norm) rc.scaling = {RopeScalingType::kLlama3, 32.0, 1.0, 4.0, 8192};
   RopeTable table(rc, s);
   const Bits bias = random_bf16(rng, cols, -1.f, 1.f);
   const Bits qn = random_bf16(rng, c.hd, 0.5f, 1.5f), kn = random_bf16(rng, c.hd, 0.5f, 1.5f);
@@ -312,4 +312,4 @@ TEST_F(QkvEpilogue, BadArgumentsNameTheField) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

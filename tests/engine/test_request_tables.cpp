@@ -9,13 +9,13 @@
 #include "engine/request_tables.h"
 #include "memory/table_commands.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
-constexpr int kFull = static_cast<int>(PoolKind::kFull);
-constexpr int kSwa = static_cast<int>(PoolKind::kSlidingWindow);
+constexpr int kFull = static_cast<int>(AttentionKind::kFull);
+constexpr int kSwa = static_cast<int>(AttentionKind::kSliding);
 
-StepPoolCapacity pool(PoolKind kind, std::int32_t pages, std::int32_t window_left) {
+StepPoolCapacity pool(AttentionKind kind, std::int32_t pages, std::int32_t window_left) {
   StepPoolCapacity p;
   p.present = true;
   p.geometry.kind = kind;
@@ -35,8 +35,8 @@ StepCapacity capacity(std::int32_t swa_pages) {
   c.max_tokens = 256;
   c.max_slots = 5;
   c.max_kv_len = 256;
-  c.pools[kFull] = pool(PoolKind::kFull, 64, -1);
-  c.pools[kSwa] = pool(PoolKind::kSlidingWindow, swa_pages, 20);
+  c.pools[kFull] = pool(AttentionKind::kFull, 64, -1);
+  c.pools[kSwa] = pool(AttentionKind::kSliding, swa_pages, 20);
   return c;
 }
 
@@ -124,4 +124,4 @@ TEST(RequestTables, BadSlotsAreNamed) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -14,7 +14,7 @@
 #include "engine/kernels/philox.h"
 #include "engine/kernels/rope_freqs.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 TEST(RopeInvFreq, DefaultMatchesClosedForm) {
@@ -52,7 +52,7 @@ TEST(RopeInvFreq, Llama3ScalingMatchesHandComputedValues) {
   RopeConfig c;
   c.head_dim = 128;
   c.theta = 500000.0;
-  c.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192.0};
+  c.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
   const std::vector<double> inv = rope_inv_freq(c);
   ASSERT_EQ(inv.size(), 64u);
   const struct {
@@ -100,9 +100,9 @@ TEST(RopeInvFreq, BadConfigNamesTheField) {
   c.scaling = {RopeScalingType::kLinear, 0.0};
   EXPECT_TRUE(refuses([&] { rope_inv_freq(c); }, "scaling.factor"));
   c = {};
-  c.scaling = {RopeScalingType::kLlama3, 8.0, 4.0, 4.0, 8192.0};
+  c.scaling = {RopeScalingType::kLlama3, 8.0, 4.0, 4.0, 8192};
   EXPECT_TRUE(refuses([&] { rope_inv_freq(c); }, "scaling.high_freq_factor"));
-  c.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 0.0};
+  c.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 0};
   EXPECT_TRUE(refuses([&] { rope_inv_freq(c); }, "scaling.original_max_position_embeddings"));
   c.scaling = {static_cast<RopeScalingType>(7)};
   EXPECT_TRUE(refuses([&] { rope_inv_freq(c); }, "scaling.type"));
@@ -173,4 +173,4 @@ TEST(FloatOrderKey, MonotoneAndZeroesEqual) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

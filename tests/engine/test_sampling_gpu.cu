@@ -19,7 +19,7 @@
 #include "graphs/cuda_graph.h"
 #include "support/gpu_test.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using namespace graphdecode::testing;
@@ -416,4 +416,4 @@ TEST_F(Sampling, GraphReplayMatchesEager) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

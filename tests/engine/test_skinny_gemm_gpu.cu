@@ -32,7 +32,7 @@
 #include "graphs/cuda_graph.h"
 #include "support/gpu_test.h"
 
-namespace graphdecode::engine {
+namespace graphdecode {
 namespace {
 
 using namespace graphdecode::testing;
@@ -279,4 +279,4 @@ TEST_F(SkinnyGemmGpu, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace graphdecode::engine
+}  // namespace graphdecode

@@ -23,7 +23,7 @@ StepCapacity with_pools() {
   for (int k = 0; k < kNumPoolKinds; ++k) {
     StepPoolCapacity& p = c.pools[k];
     p.present = true;
-    p.geometry.kind = static_cast<PoolKind>(k);
+    p.geometry.kind = static_cast<AttentionKind>(k);
     p.geometry.page_size = 16;
     p.geometry.num_pages = 100;
     p.geometry.max_slots = c.max_slots;

@@ -31,7 +31,7 @@ StepCapacity capacity_with_pools(std::int32_t max_batch, std::int32_t max_tokens
   for (int k = 0; k < kNumPoolKinds; ++k) {
     StepPoolCapacity& p = c.pools[k];
     p.present = true;
-    p.geometry.kind = static_cast<PoolKind>(k);
+    p.geometry.kind = static_cast<AttentionKind>(k);
     p.geometry.page_size = 16;
     p.geometry.num_pages = 500;
     p.geometry.max_slots = c.max_slots;

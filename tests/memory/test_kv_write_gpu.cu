@@ -155,7 +155,7 @@ void compare(const std::vector<std::uint16_t>& got, const std::vector<std::uint1
                      << " want " << want[first];
 }
 
-KvPoolConfig pool_config(PoolKind kind, std::int32_t P, std::int32_t D, DType dtype,
+KvPoolConfig pool_config(AttentionKind kind, std::int32_t P, std::int32_t D, DType dtype,
                          std::int32_t window_left = -1) {
   KvPoolConfig c;
   c.geometry.kind = kind;
@@ -178,7 +178,7 @@ TEST_F(KvWriteGpu, MatchesCpuCopyBothDestinationForms) {
         SCOPED_TRACE("page " + std::to_string(P) + " " + std::string(dtype_name(dtype)) +
                      " head_dim " + std::to_string(D));
         std::mt19937_64 rng(seed + P * 1000 + D + static_cast<int>(dtype));
-        KvPool pool(pool_config(PoolKind::kFull, P, D, dtype), stream);
+        KvPool pool(pool_config(AttentionKind::kFull, P, D, dtype), stream);
         PageAllocator alloc(pool.num_pages());
         RequestSlots slots(pool.config().geometry, alloc);
         testing::scramble_free_pages(alloc, rng);
@@ -250,7 +250,7 @@ TEST_F(KvWriteGpu, SlidingWindowSkipsReleasedPages) {
     SCOPED_TRACE("page " + std::to_string(P));
     std::mt19937_64 rng(seed + 77 * P);
     const std::int32_t wl = P + 3;
-    KvPool pool(pool_config(PoolKind::kSlidingWindow, P, 128, DType::kBF16, wl), stream);
+    KvPool pool(pool_config(AttentionKind::kSliding, P, 128, DType::kBF16, wl), stream);
     PageAllocator alloc(pool.num_pages());
     RequestSlots slots(pool.config().geometry, alloc);
     testing::scramble_free_pages(alloc, rng);
@@ -326,7 +326,7 @@ TEST_F(KvWriteGpu, GraphReplayWithVaryingTokenCount) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed ^ 0x51ab);
   Stream stream;
-  KvPool pool(pool_config(PoolKind::kFull, 16, 128, DType::kFP16), stream);
+  KvPool pool(pool_config(AttentionKind::kFull, 16, 128, DType::kFP16), stream);
   PageAllocator alloc(pool.num_pages());
   RequestSlots slots(pool.config().geometry, alloc);
   testing::scramble_free_pages(alloc, rng);
@@ -388,7 +388,7 @@ TEST_F(KvWriteGpu, GraphReplayWithVaryingTokenCount) {
 // Each bad argument throws naming its field, launches nothing, and the pool stays as it was.
 TEST_F(KvWriteGpu, BadArgsNameFieldAndLeavePoolUntouched) {
   Stream stream;
-  KvPool pool(pool_config(PoolKind::kFull, 16, 64, DType::kBF16), stream);
+  KvPool pool(pool_config(AttentionKind::kFull, 16, 64, DType::kBF16), stream);
   Scene sc;
   sc.config = pool.config();
   sc.layer_elems = static_cast<std::size_t>(pool.num_pages()) * kHeads * 16 * 64;

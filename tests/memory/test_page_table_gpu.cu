@@ -22,14 +22,14 @@ using testing::expect_error_field;
 
 class PageTableGpu : public testing::GpuTest {};
 
-PoolGeometry geom(PoolKind kind, std::int32_t page, std::int32_t window_left) {
+PoolGeometry geom(AttentionKind kind, std::int32_t page, std::int32_t window_left) {
   PoolGeometry g;
   g.kind = kind;
   g.page_size = page;
   g.max_slots = 9;
   g.max_pages_per_slot = 300 / page + 8;  // room for prefills up to ~300 tokens
-  g.num_pages = kind == PoolKind::kSlidingWindow ? 6 * (g.max_pages_per_slot / 3) + 8
-                                                 : 4 * g.max_pages_per_slot + 8;
+  g.num_pages = kind == AttentionKind::kSliding ? 6 * (g.max_pages_per_slot / 3) + 8
+                                                : 4 * g.max_pages_per_slot + 8;
   g.window_left = window_left;
   return g;
 }
@@ -58,7 +58,7 @@ void random_batch(RequestSlots& s, TableCommandBatch& b, std::mt19937_64& rng) {
         }
       } else if (kind <= 4) {
         s.extend(slot, static_cast<std::int32_t>(1 + rng() % (P + 4)), b);
-      } else if (kind == 5 && s.geometry().kind != PoolKind::kCross) {
+      } else if (kind == 5 && s.geometry().kind != AttentionKind::kCross) {
         const std::int32_t t = s.tokens(slot);
         s.truncate(slot, t - static_cast<std::int32_t>(rng() % (t / 4 + 1)), b);
       } else {
@@ -78,10 +78,11 @@ TEST_F(PageTableGpu, ApplyMatchesHostReferenceShuffledPages) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Stream stream;
   for (std::int32_t P : {1, 16, 64}) {
-    for (PoolKind kind : {PoolKind::kFull, PoolKind::kSlidingWindow, PoolKind::kCross}) {
-      const std::int32_t wl = kind == PoolKind::kSlidingWindow ? 3 * P + 5 : -1;
+    for (AttentionKind kind :
+         {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
+      const std::int32_t wl = kind == AttentionKind::kSliding ? 3 * P + 5 : -1;
       const PoolGeometry g = geom(kind, P, wl);
-      SCOPED_TRACE(std::string(pool_kind_name(kind)) + " page " + std::to_string(P));
+      SCOPED_TRACE(std::string(attention_kind_name(kind)) + " page " + std::to_string(P));
       std::mt19937_64 rng(seed + P * 7 + static_cast<int>(kind));
       PageAllocator alloc(g.num_pages);
       RequestSlots slots(g, alloc);
@@ -114,7 +115,7 @@ TEST_F(PageTableGpu, ApplyInsideCapturedGraph) {
   const std::uint64_t seed = testing::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed ^ 0x9e37);
-  const PoolGeometry g = geom(PoolKind::kSlidingWindow, 16, 15);
+  const PoolGeometry g = geom(AttentionKind::kSliding, 16, 15);
   constexpr std::int32_t kMaxCommands = 40, kMaxIds = 600;
   Stream stream;
   PageAllocator alloc(g.num_pages);
@@ -169,7 +170,7 @@ TEST_F(PageTableGpu, ApplyInsideCapturedGraph) {
 
 // A bad batch throws naming the field before anything is copied or launched.
 TEST_F(PageTableGpu, BadBatchThrowsAndLeavesTable) {
-  const PoolGeometry g = geom(PoolKind::kFull, 16, -1);
+  const PoolGeometry g = geom(AttentionKind::kFull, 16, -1);
   Stream stream;
   DevicePageTable table(g, 4, 8, stream);
   TableCommandBatch ok(4, 8);
@@ -205,7 +206,7 @@ TEST_F(PageTableGpu, BadBatchThrowsAndLeavesTable) {
 
 TEST_F(PageTableGpu, KvPoolStartsWithPaddingRowOnReservedPage) {
   KvPoolConfig c;
-  c.geometry = geom(PoolKind::kFull, 16, -1);
+  c.geometry = geom(AttentionKind::kFull, 16, -1);
   c.shape = KvShape{3, 2, 64, DType::kFP16};
   Stream stream;
   KvPool pool(c, stream);

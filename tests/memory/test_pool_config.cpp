@@ -34,30 +34,30 @@ TEST(PoolConfig, GeometryValidationNamesField) {
   bad([](PoolGeometry& g) { g.num_pages = 1; }, "num_pages");
   bad([](PoolGeometry& g) { g.max_slots = 1; }, "max_slots");
   bad([](PoolGeometry& g) { g.max_pages_per_slot = 0; }, "max_pages_per_slot");
-  bad([](PoolGeometry& g) { g.kind = static_cast<PoolKind>(9); }, "kind");
+  bad([](PoolGeometry& g) { g.kind = static_cast<AttentionKind>(9); }, "kind");
   bad([](PoolGeometry& g) { g.window_left = 0; }, "window_left");  // full pool
   bad(
       [](PoolGeometry& g) {
-        g.kind = PoolKind::kSlidingWindow;
+        g.kind = AttentionKind::kSliding;
         g.window_left = -1;
       },
       "window_left");
   bad(
       [](PoolGeometry& g) {
-        g.kind = PoolKind::kSlidingWindow;
+        g.kind = AttentionKind::kSliding;
         g.window_left = 32 * 16;
       },
       "window_left");
   bad(
       [](PoolGeometry& g) {
-        g.kind = PoolKind::kCross;
+        g.kind = AttentionKind::kCross;
         g.window_left = 4;
       },
       "window_left");
   bad([](PoolGeometry& g) { g.max_pages_per_slot = 1 << 28; }, "max_pages_per_slot");
   bad([](PoolGeometry& g) { g.num_pages = 1 << 28; }, "num_pages");
   PoolGeometry w = good();
-  w.kind = PoolKind::kSlidingWindow;
+  w.kind = AttentionKind::kSliding;
   w.window_left = 32 * 16 - 1;
   w.validate();
   EXPECT_EQ(good().token_capacity(), 99 * 16);

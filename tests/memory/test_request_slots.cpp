@@ -18,7 +18,7 @@ namespace {
 using testing::expect_error_field;
 using testing::SlotsSnapshot;
 
-PoolGeometry geom(PoolKind kind, std::int32_t page, std::int32_t pages, std::int32_t slots,
+PoolGeometry geom(AttentionKind kind, std::int32_t page, std::int32_t pages, std::int32_t slots,
                   std::int32_t row, std::int32_t window_left = -1) {
   PoolGeometry g;
   g.kind = kind;
@@ -32,7 +32,7 @@ PoolGeometry geom(PoolKind kind, std::int32_t page, std::int32_t pages, std::int
 
 TEST(RequestSlots, ReservesPadding) {
   PageAllocator alloc(10);
-  RequestSlots s(geom(PoolKind::kFull, 16, 10, 4, 5), alloc);
+  RequestSlots s(geom(AttentionKind::kFull, 16, 10, 4, 5), alloc);
   EXPECT_TRUE(alloc.is_allocated(kReservedPage));
   EXPECT_EQ(alloc.free_pages(), 9);
   for (std::int32_t e : s.row(kPaddingSlot)) EXPECT_EQ(e, kReservedPage);
@@ -47,17 +47,17 @@ TEST(RequestSlots, ReservesPadding) {
 
 TEST(RequestSlots, NeedsAFreshMatchingAllocator) {
   PageAllocator small(8);
-  expect_error_field([&] { RequestSlots s(geom(PoolKind::kFull, 16, 10, 4, 5), small); },
+  expect_error_field([&] { RequestSlots s(geom(AttentionKind::kFull, 16, 10, 4, 5), small); },
                      "num_pages");
   PageAllocator used(10);
   used.allocate(1);
-  expect_error_field([&] { RequestSlots s(geom(PoolKind::kFull, 16, 10, 4, 5), used); },
+  expect_error_field([&] { RequestSlots s(geom(AttentionKind::kFull, 16, 10, 4, 5), used); },
                      "allocator");
 }
 
 TEST(RequestSlots, FullPoolCommands) {
   PageAllocator alloc(20);
-  RequestSlots s(geom(PoolKind::kFull, 4, 20, 4, 8), alloc);
+  RequestSlots s(geom(AttentionKind::kFull, 4, 20, 4, 8), alloc);
   TableCommandBatch b(16, 64);
   const std::int32_t r = s.acquire();
   s.extend(r, 9, b);  // 3 pages: 1 2 3
@@ -98,7 +98,7 @@ TEST(RequestSlots, FullPoolCommands) {
 
 TEST(RequestSlots, CrossPoolWritesOnce) {
   PageAllocator alloc(20);
-  RequestSlots s(geom(PoolKind::kCross, 16, 20, 4, 8), alloc);
+  RequestSlots s(geom(AttentionKind::kCross, 16, 20, 4, 8), alloc);
   TableCommandBatch b(16, 64);
   const std::int32_t a = s.acquire(), c = s.acquire();
   s.extend(a, 40, b);  // encoder lengths differ per request
@@ -117,7 +117,7 @@ TEST(RequestSlots, CrossPoolWritesOnce) {
 // Every bad input throws naming its field, and leaves slots, allocator and batch as they were.
 TEST(RequestSlots, BadInputsNameFieldAndChangeNothing) {
   PageAllocator alloc(10);  // 9 usable pages of 4 tokens; rows of 8 pages = 32 tokens
-  RequestSlots s(geom(PoolKind::kFull, 4, 10, 4, 8), alloc);
+  RequestSlots s(geom(AttentionKind::kFull, 4, 10, 4, 8), alloc);
   TableCommandBatch b(8, 32);
   const std::int32_t r = s.acquire(), q = s.acquire();
   s.extend(r, 10, b);  // 3 pages
@@ -160,14 +160,14 @@ TEST(RequestSlots, BadInputsNameFieldAndChangeNothing) {
 
 TEST(RequestSlots, WindowLeftOutOfRange) {
   PageAllocator a1(10), a2(10), a3(10), a4(10);
-  expect_error_field([&] { RequestSlots s(geom(PoolKind::kSlidingWindow, 4, 10, 4, 6, -1), a1); },
+  expect_error_field([&] { RequestSlots s(geom(AttentionKind::kSliding, 4, 10, 4, 6, -1), a1); },
                      "window_left");
-  expect_error_field([&] { RequestSlots s(geom(PoolKind::kSlidingWindow, 4, 10, 4, 6, 24), a2); },
+  expect_error_field([&] { RequestSlots s(geom(AttentionKind::kSliding, 4, 10, 4, 6, 24), a2); },
                      "window_left");  // >= 6 pages * 4 tokens
-  expect_error_field([&] { RequestSlots s(geom(PoolKind::kFull, 4, 10, 4, 6, 3), a3); },
+  expect_error_field([&] { RequestSlots s(geom(AttentionKind::kFull, 4, 10, 4, 6, 3), a3); },
                      "window_left");
   EXPECT_EQ(a1.used_pages() + a2.used_pages() + a3.used_pages(), 0);
-  RequestSlots ok(geom(PoolKind::kSlidingWindow, 4, 10, 4, 6, 23), a4);
+  RequestSlots ok(geom(AttentionKind::kSliding, 4, 10, 4, 6, 23), a4);
 }
 
 // ---- exact model ---------------------------------------------------------------------------
@@ -180,7 +180,7 @@ struct ModelSlot {
 };
 
 void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
-  SCOPED_TRACE("kind " + std::string(pool_kind_name(g.kind)) + " page " +
+  SCOPED_TRACE("kind " + std::string(attention_kind_name(g.kind)) + " page " +
                std::to_string(g.page_size) + " window_left " + std::to_string(g.window_left) +
                " seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -231,13 +231,13 @@ void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
         ModelSlot& x = m[slot];
         const std::int64_t extent = static_cast<std::int64_t>(x.tokens) + len;
         std::int32_t first = x.first;
-        if (g.kind == PoolKind::kSlidingWindow) {
+        if (g.kind == AttentionKind::kSliding) {
           const std::int32_t key = std::max(0, x.tokens - g.window_left);  // model of the rule
           first = std::max(first, key / P);
         }
         const std::int32_t held = (x.tokens + P - 1) / P;
         const std::int64_t need = (extent + P - 1) / P;
-        expect_fail = (g.kind == PoolKind::kCross && x.tokens > 0) ||
+        expect_fail = (g.kind == AttentionKind::kCross && x.tokens > 0) ||
                       extent > g.max_tokens_per_slot() ||
                       need - held > (g.num_pages - model_used) + (first - x.first);
         if (!expect_fail) {
@@ -255,7 +255,7 @@ void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
           }
           x.tokens = static_cast<std::int32_t>(extent);
           x.first = first;
-          if (g.kind == PoolKind::kSlidingWindow && len <= max_new) {
+          if (g.kind == AttentionKind::kSliding && len <= max_new) {
             ASSERT_LE(s.pages_held(slot), swa_pages_per_request(g.window_left, max_new, P));
           }
         }
@@ -267,8 +267,8 @@ void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
       if (!expect_fail) {
         ModelSlot& x = m[slot];
         const std::int32_t key = g.window_left < 0 ? 0 : std::max(0, to - g.window_left);
-        expect_fail = g.kind == PoolKind::kCross || to > x.tokens ||
-                      (g.kind == PoolKind::kSlidingWindow && key / P < x.first);
+        expect_fail = g.kind == AttentionKind::kCross || to > x.tokens ||
+                      (g.kind == AttentionKind::kSliding && key / P < x.first);
         if (!expect_fail) {
           s.truncate(slot, to, batch);
           ++ok_truncate;
@@ -309,14 +309,15 @@ void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
         ASSERT_EQ(alloc.is_allocated(p), owner[p] != -1) << "page " << p << " op " << op;
     }
   }
-  std::cout << "[ model    ] " << pool_kind_name(g.kind) << " page " << P << " wl " << g.window_left
-            << ": extend " << ok_extend << " (evicting " << evictions << "), truncate "
-            << ok_truncate << ", release " << ok_release << ", refused " << failed << "\n";
+  std::cout << "[ model    ] " << attention_kind_name(g.kind) << " page " << P << " wl "
+            << g.window_left << ": extend " << ok_extend << " (evicting " << evictions
+            << "), truncate " << ok_truncate << ", release " << ok_release << ", refused " << failed
+            << "\n";
   EXPECT_GT(ok_extend, ops / 20);
   EXPECT_GT(ok_release, ops / 50);
   EXPECT_GT(failed, ops / 50);
-  if (g.kind != PoolKind::kCross) EXPECT_GT(ok_truncate, ops / 50);
-  if (g.kind == PoolKind::kSlidingWindow) EXPECT_GT(evictions, ops / 100);
+  if (g.kind != AttentionKind::kCross) EXPECT_GT(ok_truncate, ops / 50);
+  if (g.kind == AttentionKind::kSliding) EXPECT_GT(evictions, ops / 100);
   for (std::int32_t i = 1; i < g.max_slots; ++i)
     if (s.is_active(i)) {
       batch.clear();
@@ -326,21 +327,21 @@ void run_model(const PoolGeometry& g, std::uint64_t seed, int ops) {
 }
 
 TEST(RequestSlots, ExactModelFull100k) {
-  run_model(geom(PoolKind::kFull, 16, 60, 7, 12), testing::test_seed(), 100000);
+  run_model(geom(AttentionKind::kFull, 16, 60, 7, 12), testing::test_seed(), 100000);
 }
 TEST(RequestSlots, ExactModelFullPage1) {
-  run_model(geom(PoolKind::kFull, 1, 300, 5, 160), testing::test_seed() + 1, 30000);
+  run_model(geom(AttentionKind::kFull, 1, 300, 5, 160), testing::test_seed() + 1, 30000);
 }
 TEST(RequestSlots, ExactModelSlidingWindow100k) {
   for (std::int32_t wl : {0, 15, 16, 53})
-    run_model(geom(PoolKind::kSlidingWindow, 16, 40, 7, 40, wl), testing::test_seed() + 2 + wl,
+    run_model(geom(AttentionKind::kSliding, 16, 40, 7, 40, wl), testing::test_seed() + 2 + wl,
               100000);
 }
 TEST(RequestSlots, ExactModelSlidingWindowPage1) {
-  run_model(geom(PoolKind::kSlidingWindow, 1, 120, 5, 300, 7), testing::test_seed() + 3, 30000);
+  run_model(geom(AttentionKind::kSliding, 1, 120, 5, 300, 7), testing::test_seed() + 3, 30000);
 }
 TEST(RequestSlots, ExactModelCross) {
-  run_model(geom(PoolKind::kCross, 16, 60, 7, 12), testing::test_seed() + 4, 50000);
+  run_model(geom(AttentionKind::kCross, 16, 60, 7, 12), testing::test_seed() + 4, 50000);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ using testing::expect_error_field;
 PoolGeometry swa(std::int32_t page, std::int32_t window_left, std::int32_t pages = 64,
                  std::int32_t row = 64) {
   PoolGeometry g;
-  g.kind = PoolKind::kSlidingWindow;
+  g.kind = AttentionKind::kSliding;
   g.page_size = page;
   g.num_pages = pages;
   g.max_slots = 3;
