@@ -4,10 +4,10 @@
 //   bench_decode [--batches 1,8,64] [--context 1024[,4096,...]] [--reps N] [--json PATH]
 //                [--quick] [--no-flush]
 //
-// Per (B, L): LlamaModel + StepInput + StepGraphs (decode captured for bucket B only, so no
-// padding rows), B requests with L prefix tokens: pages reserved through RequestTables (applied
-// eagerly) and every pool's K/V filled with random bf16, not prefilled: a prefill of B x L tokens
-// would need a step capacity the decode step does not. Every step is the same decode step
+// Per (B, L): the model on its runtime + StepGraphs (decode captured for bucket B only, so no
+// padding rows), B requests with L prefix tokens: pages reserved through the step's page ledger
+// (applied eagerly) and every pool's K/V filled with random bf16, not prefilled: a prefill of B x L
+// tokens would need a step capacity the decode step does not. Every step is the same decode step
 // (prefix_len = L, extend_len = 1): it rewrites position L, so lengths are reset rather than grown
 // and every rep reads the same L + 1 keys per request.
 // Device time: events around StepGraphs::step (write + one copy + graph launch), median over reps
@@ -39,9 +39,10 @@
 #include "common/stream.h"
 #include "engine/llama_model.h"
 #include "engine/model_config.h"
-#include "engine/request_tables.h"
+#include "engine/model_step.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
 #include "engine/weights.h"
-#include "graphs/stack_pools.h"
 #include "graphs/step_graphs.h"
 
 namespace graphdecode::bench {
@@ -69,8 +70,8 @@ ModelConfig llama32_1b_config(bool quick) {
 }
 
 // Decode only: B rows, KV extent L + 1, one slot per request (plus the padding slot).
-LlamaModelOptions decode_options(std::int32_t b, std::int32_t l) {
-  LlamaModelOptions o;
+RuntimeOptions decode_options(std::int32_t b, std::int32_t l) {
+  RuntimeOptions o;
   o.max_batch = b;
   o.max_tokens = b;
   o.max_new_tokens = 1;
@@ -81,12 +82,12 @@ LlamaModelOptions decode_options(std::int32_t b, std::int32_t l) {
 }
 
 // Device bytes of the model's KV pools for these options.
-double kv_pool_bytes(const ModelConfig& c, const LlamaModelOptions& o) {
-  const AttentionStackConfig s = llama_stack_config(c, o);
+double kv_pool_bytes(const ModelConfig& c, const RuntimeOptions& o) {
+  const AttentionLayout layout = llama_attention_layout(c);
   double bytes = 0;
   for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
-    if (!s.has(k)) continue;
-    const KvPoolConfig pc = stack_pool_config(s, k);
+    if (!layout.has(k)) continue;
+    const KvPoolConfig pc = pool_config(layout, o, k);
     bytes += static_cast<double>(pc.geometry.num_pages) *
              static_cast<double>(kv_page_bytes(pc.shape, pc.geometry.page_size));
   }
@@ -95,39 +96,42 @@ double kv_pool_bytes(const ModelConfig& c, const LlamaModelOptions& o) {
 
 // ---- one (B, L) rig -----------------------------------------------------------------------------
 
-// Members are destroyed in reverse order: tables, graphs, the model, then its input.
+// Members are destroyed in reverse order: graphs, program, model, runtime, then the step.
 struct Rig {
-  std::unique_ptr<StepInput> input;
+  std::unique_ptr<StepContext> step;
+  std::unique_ptr<ModelRuntime> runtime;
   std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ModelStep> program;
   std::unique_ptr<StepGraphs> graphs;
-  std::unique_ptr<RequestTables> tables;
   std::vector<StepRequest> requests;  // [B] decode rows: prefix L, extend 1
   std::vector<std::int32_t> tokens;   // [B]
 
   Rig(const HostWeights& w, std::int32_t b, std::int32_t l, cudaStream_t s) {
-    const LlamaModelOptions o = decode_options(b, l);
-    input = std::make_unique<StepInput>(llama_step_capacity(w.config, o));
-    model = std::make_unique<LlamaModel>(w, o, *input, s);
+    const RuntimeOptions o = decode_options(b, l);
+    const AttentionLayout layout = llama_attention_layout(w.config);
+    const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, o));
+    runtime = std::make_unique<ModelRuntime>(layout, o, *step, 0, s);
+    model = std::make_unique<LlamaModel>(w, o, s);
+    program = std::make_unique<ModelStep>(*runtime, *model);
     StepGraphsConfig gc;
     gc.buckets = {b};
-    gc.modes = {{StepMode::kDecode, 1}};
-    graphs = std::make_unique<StepGraphs>(*input, *model, gc);
-    tables = std::make_unique<RequestTables>(input->capacity());
+    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    KvLedger& ledger = step->ledger();
     std::vector<std::int32_t> slots(static_cast<std::size_t>(b));
-    for (auto& slot : slots) slot = tables->acquire();
+    for (auto& slot : slots) slot = ledger.acquire();
     // L + 1 positions per request, a page at a time round-robin over requests (pages interleave
     // as they would in a running engine), applied whenever the step-sized batches fill up.
     for (std::int32_t done = 0; done < l + 1; done += kPage) {
       for (std::int32_t slot : slots) {
         if (!has_room()) apply_commands(s);
-        tables->extend(slot, std::min(kPage, l + 1 - done));
+        ledger.extend(slot, std::min(kPage, l + 1 - done));
       }
     }
     apply_commands(s);
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      const auto kind = static_cast<AttentionKind>(k);
-      if (!model->has_pool(kind)) continue;
-      const KvPool& pool = model->pool(kind);
+    for (AttentionKind kind : {AttentionKind::kFull, AttentionKind::kSliding}) {
+      if (!runtime->has_pool(kind)) continue;
+      const KvPool& pool = runtime->pool(kind);
       const KvPoolConfig& pc = pool.config();
       const std::size_t elems = static_cast<std::size_t>(pc.geometry.num_pages) *
                                 pc.shape.num_kv_heads * pc.geometry.page_size * pc.shape.head_dim;
@@ -135,7 +139,7 @@ struct Rig {
         const PagedKvView v = pool.view(layer);
         for (void* p : {v.k, v.v}) {
           fill_random(static_cast<std::uint16_t*>(p), elems,
-                      kSeed + static_cast<std::uint64_t>(layer) * 7 + k, s);
+                      kSeed + static_cast<std::uint64_t>(layer) * 7 + kind_index(kind), s);
         }
       }
     }
@@ -158,20 +162,19 @@ struct Rig {
 
  private:
   bool has_room() const {
-    StepDesc d;
-    tables->attach(d);
-    // One extend of <= one page: 2 commands (x2 for RequestTables' rollback room), 2 page ids.
-    for (const TableCommandBatch* t : d.tables)
-      if (t && !t->has_room(2 * RequestSlots::kMaxCommandsPerOp, 2)) return false;
+    // One extend of <= one page: 2 commands, 2 page ids.
+    const KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i)
+      if (!ledger.commands(i).has_room(RequestSlots::kMaxCommandsPerOp, 2)) return false;
     return true;
   }
   void apply_commands(cudaStream_t s) {
-    StepDesc d;
-    tables->attach(d);
-    for (int k = 0; k < kNumPoolKinds; ++k)
-      if (d.tables[k] && !d.tables[k]->empty())
-        model->apply_table(static_cast<AttentionKind>(k), *d.tables[k], s);
-    tables->clear_commands();
+    KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
+      const TableCommandBatch& c = ledger.commands(i);
+      if (!c.empty()) runtime->pool(ledger.config(i).geometry.kind).table().apply(c, s);
+    }
+    ledger.clear_commands();
   }
 };
 

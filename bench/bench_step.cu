@@ -14,72 +14,55 @@
 #include <string>
 #include <vector>
 
+#include "attention_stack.h"
 #include "common/device.h"
 #include "common/error.h"
 #include "common/stream.h"
-#include "graphs/attention_stack.h"
 #include "graphs/cuda_graph.h"
 #include "graphs/step_graphs.h"
-#include "memory/page_allocator.h"
-#include "memory/request_slots.h"
 
 using namespace graphdecode;
+using fuzz::AttentionStack;
+using fuzz::AttentionStackConfig;
 
 namespace {
 
 struct Rig {
   AttentionStackConfig config;
-  std::unique_ptr<StepInput> input;
+  std::unique_ptr<StepContext> step;
   std::unique_ptr<AttentionStack> stack;
   std::unique_ptr<StepGraphs> graphs;
   std::vector<StepRequest> requests;  // [max_batch] decode rows, pages allocated
   std::vector<std::int32_t> tokens;
 
   Rig(const AttentionStackConfig& c, std::int32_t prefix, Stream& s) : config(c) {
-    input = std::make_unique<StepInput>(stack_step_capacity(c));
-    stack = std::make_unique<AttentionStack>(c, *input, s.get());
-    StepGraphsConfig g;
-    g.modes = {{StepMode::kDecode, 1}};
-    graphs = std::make_unique<StepGraphs>(*input, *stack, g);
+    const StepCapacity cap = fuzz::stack_step_capacity(c);
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, c.options));
+    stack = std::make_unique<AttentionStack>(c, *step, s.get());
+    graphs = std::make_unique<StepGraphs>(step->input(), *stack, StepGraphsConfig{});
     // Allocate every request's pages once (prefix + the decoded token) and write encoder K/V.
-    const StepCapacity& cap = input->capacity();
-    std::vector<std::unique_ptr<PageAllocator>> allocs;
-    std::vector<std::unique_ptr<RequestSlots>> slots;
-    std::vector<std::int32_t> slot_of;  // request -> slot (the same in every pool)
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (!cap.pools[k].present) continue;
-      const PoolGeometry& geo = cap.pools[k].geometry;
-      auto alloc = std::make_unique<PageAllocator>(geo.num_pages);
-      auto rs = std::make_unique<RequestSlots>(geo, *alloc);
-      TableCommandBatch b = stack->pool(geo.kind).make_batch();
-      for (std::int32_t r = 0; r < c.max_batch; ++r) {
-        const std::int32_t slot = rs->acquire();
-        if (slot_of.size() < static_cast<std::size_t>(c.max_batch)) slot_of.push_back(slot);
-        GD_REQUIRE(slot_of[r] == slot, "slot", slot, "pools handed out different slots");
-        const std::int32_t len = geo.kind == AttentionKind::kCross ? c.max_encoder_len : prefix + 1;
-        // Chunks of at most max_new_tokens: a sliding-window pool holds window + chunk tokens.
-        const std::int32_t chunk = geo.kind == AttentionKind::kCross ? len : c.max_new_tokens;
-        for (std::int32_t done = 0; done < len; done += chunk) {
-          if (b.size() + 4 > b.max_commands() || b.page_id_count() + chunk + 2 > b.max_page_ids()) {
-            stack->apply_table(geo.kind, b, s.get());
-            s.synchronize();
-            b.clear();
-          }
-          rs->extend(slot, std::min(chunk, len - done), b);
-        }
+    KvLedger& ledger = step->ledger();
+    const std::int32_t batch = c.options.max_batch;
+    // Chunks of at most max_new_tokens: a sliding-window pool holds window + chunk tokens.
+    const std::int32_t chunk = c.options.resolved_max_new_tokens();
+    for (std::int32_t r = 0; r < batch; ++r) {
+      const std::int32_t slot = ledger.acquire();
+      for (std::int32_t done = 0; done < prefix + 1; done += chunk) {
+        if (!has_room(chunk)) apply_commands(s);
+        ledger.extend(slot, std::min(chunk, prefix + 1 - done));
       }
-      stack->apply_table(geo.kind, b, s.get());
-      s.synchronize();
-      allocs.push_back(std::move(alloc));
-      slots.push_back(std::move(rs));
-    }
-    for (std::int32_t r = 0; r < c.max_batch; ++r) {
-      const std::int32_t enc = c.has(AttentionKind::kCross) ? c.max_encoder_len - r % 7 : 0;
-      const std::int32_t slot = slot_of[r];
-      if (enc > 0) stack->encode(slot, static_cast<std::uint32_t>(r + 1), enc, nullptr, s.get());
+      const std::int32_t enc =
+          c.layout.has(AttentionKind::kCross) ? c.options.max_encoder_len - r % 7 : 0;
+      if (enc > 0) {
+        apply_commands(s);
+        ledger.set_encoder(slot, enc);
+        apply_commands(s);
+        stack->encode(slot, static_cast<std::uint32_t>(r + 1), enc, s.get());
+      }
       requests.push_back({slot, prefix, 1, enc});
       tokens.push_back(100 + r);
     }
+    apply_commands(s);
     s.synchronize();
     graphs->capture(s.get());
   }
@@ -92,35 +75,56 @@ struct Rig {
     d.token_ids = {tokens.data(), static_cast<std::size_t>(batch)};
     return d;
   }
+
+ private:
+  bool has_room(std::int32_t chunk) const {
+    const KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i)
+      if (!ledger.commands(i).has_room(4, chunk + 2)) return false;
+    return true;
+  }
+  void apply_commands(Stream& s) {
+    KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
+      const TableCommandBatch& b = ledger.commands(i);
+      if (!b.empty()) stack->apply_table(ledger.config(i).geometry.kind, b, s.get());
+    }
+    s.synchronize();
+    ledger.clear_commands();
+  }
 };
 
 AttentionStackConfig small_config(std::int32_t max_batch) {
   AttentionStackConfig c;
-  c.layers = {AttentionKind::kFull};
-  c.max_batch = max_batch;
-  c.max_tokens = max_batch;
-  c.max_new_tokens = 1;
-  c.max_slots = max_batch + 1;
-  c.max_kv_len = 128;
+  c.layout.layers = {AttentionKind::kFull};
+  c.layout.num_q_heads = 4;
+  c.layout.num_kv_heads = 2;
+  c.layout.head_dim = 64;
+  c.options.max_batch = max_batch;
+  c.options.max_tokens = max_batch;
+  c.options.max_new_tokens = 1;
+  c.options.max_slots = max_batch + 1;
+  c.options.max_kv_len = 128;
   return c;
 }
 
 AttentionStackConfig stack32_config(std::int32_t max_batch) {
   AttentionStackConfig c;
   for (int l = 0; l < 32; ++l) {
-    c.layers.push_back(l % 4 == 3 ? AttentionKind::kCross
+    c.layout.layers.push_back(l % 4 == 3
+                                  ? AttentionKind::kCross
                                   : (l % 2 ? AttentionKind::kSliding : AttentionKind::kFull));
   }
-  c.num_q_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.window_left = 255;
-  c.max_batch = max_batch;
-  c.max_tokens = std::max(max_batch, 64);
-  c.max_new_tokens = 64;
-  c.max_slots = max_batch + 1;
-  c.max_kv_len = 1040;
-  c.max_encoder_len = 256;
+  c.layout.num_q_heads = 32;
+  c.layout.num_kv_heads = 8;
+  c.layout.head_dim = 128;
+  c.layout.window_left = 255;
+  c.options.max_batch = max_batch;
+  c.options.max_tokens = std::max(max_batch, 64);
+  c.options.max_new_tokens = 64;
+  c.options.max_slots = max_batch + 1;
+  c.options.max_kv_len = 1040;
+  c.options.max_encoder_len = 256;
   return c;
 }
 
@@ -181,9 +185,9 @@ int main(int argc, char** argv) {
 
     // ---- 2. prep kernels device time at batch 256 ------------------------------------------
     {
-      host_rig.input->write(host_rig.desc(256));
-      host_rig.input->upload(s.get());
-      const StepPrep& prep = host_rig.stack->prep();
+      host_rig.step->input().write(host_rig.desc(256));
+      host_rig.step->input().upload(s.get());
+      const StepPrep& prep = host_rig.step->prep();
       const CudaGraph full = CudaGraph::capture(s.get(), [&] {
         for (int i = 0; i < 100; ++i) prep.enqueue(s.get());
       });

@@ -18,6 +18,8 @@ const EngineConfig& validated(const EngineConfig& c) {
   GD_REQUIRE(c.max_step_tokens >= 1, "max_step_tokens", c.max_step_tokens, "must be positive");
   GD_REQUIRE(c.max_context >= 2, "max_context", c.max_context, "must be at least 2");
   GD_REQUIRE(c.kv_pages >= 0, "kv_pages", c.kv_pages, "cannot be negative (0 = default)");
+  GD_REQUIRE(c.sliding_pages >= 0, "sliding_pages", c.sliding_pages,
+             "cannot be negative (0 = default)");
   GD_REQUIRE(c.page_size >= 1, "page_size", c.page_size, "must be positive");
   return c;
 }
@@ -26,37 +28,33 @@ std::int32_t default_kv_pages(const EngineConfig& c) {
   return c.max_batch * pages_for_tokens(c.max_context, c.page_size);
 }
 
-LlamaModelOptions model_options(const EngineConfig& c) {
-  LlamaModelOptions m;
-  m.max_batch = c.max_batch;
-  m.max_tokens = std::max(c.max_step_tokens, c.max_batch);
-  m.max_kv_len = c.max_context;
-  m.page_size = c.page_size;
-  m.deterministic = c.deterministic;
-  // +1: page 0 is the reserved padding page.
-  m.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
-  return m;
+RuntimeOptions runtime_options(const EngineConfig& c) {
+  RuntimeOptions o;
+  o.max_batch = c.max_batch;
+  o.max_tokens = std::max(c.max_step_tokens, c.max_batch);
+  o.max_kv_len = c.max_context;
+  o.page_size = c.page_size;
+  o.deterministic = c.deterministic;
+  // +1: page 0 of every pool is the reserved padding page.
+  o.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
+  o.sliding_pages = c.sliding_pages > 0 ? c.sliding_pages + 1 : 0;
+  return o;
 }
 
-StepCapacity engine_capacity(const ModelConfig& model, const EngineConfig& c) {
-  StepCapacity cap = llama_step_capacity(model, model_options(c));
+StepCapacity engine_capacity(const AttentionLayout& layout, const RuntimeOptions& o) {
+  const AttentionLayout models[] = {layout};
+  StepCapacity cap = step_capacity(o, models);
   cap.aux_words = SamplingWords::kCount;
   cap.token_feedback = true;
   return cap;
 }
 
-// The scheduler reserves pages of the full-attention pool. A model with only sliding layers has
-// none; its window pool is sized so that running requests never exhaust it.
 SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c) {
-  const StepCapacity cap = engine_capacity(model, c);
-  const StepPoolCapacity& full = cap.pools[pool_index(AttentionKind::kFull)];
   SchedulerConfig s;
   s.max_batch = c.max_batch;
   s.max_step_tokens = std::max(c.max_step_tokens, c.max_batch);
   s.max_context = c.max_context;
   s.vocab_size = model.vocab_size;
-  s.page_size = c.page_size;
-  s.kv_pages = full.present ? full.geometry.num_pages - 1 : default_kv_pages(c);
   return s;
 }
 
@@ -70,17 +68,22 @@ double percentile(std::vector<double> v, double q) {
 }  // namespace
 
 Engine::Engine(const HostWeights& weights, const EngineConfig& config)
-    : config_(validated(config)), scheduler_(scheduler_config(weights.config, config_)) {
-  const StepCapacity cap = engine_capacity(weights.config, config_);
-  input_ = std::make_unique<StepInput>(cap);
-  model_ = std::make_unique<LlamaModel>(weights, model_options(config_), *input_, stream_);
-  program_ = std::make_unique<SamplingStep>(*model_, *input_, stream_);
+    : config_(validated(config)) {
+  const RuntimeOptions ro = runtime_options(config_);
+  const AttentionLayout layout = llama_attention_layout(weights.config);
+  const StepCapacity cap = engine_capacity(layout, ro);
+  const std::vector<LedgerPool> pools = ledger_pools(cap, ro);
+  step_ = std::make_unique<StepContext>(cap, pools);
+  runtime_ = std::make_unique<ModelRuntime>(layout, ro, *step_, 0, stream_);
+  model_ = std::make_unique<LlamaModel>(weights, ro, stream_);
+  program_ = std::make_unique<SamplingStep>(*runtime_, *model_, stream_);
   StepGraphsConfig gc;
-  gc.modes = {{StepMode::kDecode, 1}};
+  gc.modes = {GraphMode{StepMode::kDecode, 1, LogitRows::kLastPerRequest}};
   gc.use_graphs = config_.use_graphs;
-  graphs_ = std::make_unique<StepGraphs>(*input_, *program_, gc);
+  graphs_ = std::make_unique<StepGraphs>(step_->input(), *program_, gc);
   graphs_->capture(stream_);
-  tables_ = std::make_unique<RequestTables>(cap);
+  scheduler_ =
+      std::make_unique<Scheduler>(scheduler_config(weights.config, config_), step_->ledger());
 
   const auto b = static_cast<std::size_t>(config_.max_batch);
   plan_.requests.reserve(b);
@@ -90,9 +93,8 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config)
   aux_.reserve(b * SamplingWords::kCount);
   sampled_.reserve(b);
   events_.reserve(b);
-  slot_of_.reserve(2 * b);
   callbacks_.reserve(4 * b);
-  published_ = PinnedBuffer<std::int32_t>(b + 1);
+  published_ = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(program_->max_rows()) + 1);
   decode_us_.assign(kLatencyWindow, 0.0);
   stream_.synchronize();  // start-up: weights, pools and graphs are in place
 }
@@ -102,7 +104,7 @@ Engine::~Engine() {
 }
 
 RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
-  const RequestId id = scheduler_.submit(std::move(spec));  // throws, changing nothing
+  const RequestId id = scheduler_->submit(std::move(spec));  // throws, changing nothing
   if (on_token) callbacks_.emplace(id, std::move(on_token));
   return id;
 }
@@ -112,30 +114,28 @@ void Engine::build_step() {
   token_ids_.clear();
   aux_.clear();
   const bool decode = plan_.kind == StepKind::kDecode;
+  KvLedger& ledger = step_->ledger();
   for (const PlannedRequest& p : plan_.requests) {
-    const std::int32_t slot = slot_of_.at(p.id);
     // Cannot fail for want of pages: the scheduler admitted the request only with its whole
     // extent reserved.
-    tables_->extend(slot, p.extend_len);
-    requests_.push_back(StepRequest{slot, p.prefix_len, p.extend_len, 0});
+    ledger.extend(p.slot, p.extend_len);
+    requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, 0});
     if (decode) {
       // The input token is the one this slot sampled last step, already on the device.
       token_ids_.push_back(step_rules::kTokenFromDevice);
     } else {
       token_ids_.insert(token_ids_.end(), p.tokens.begin(), p.tokens.end());
     }
-    // The RNG counter is the sampled token's absolute position: unique per request and step.
     const std::size_t at = aux_.size();
     aux_.resize(at + SamplingWords::kCount);
-    SamplingWords::write(scheduler_.sampling(p.id), p.prefix_len + p.extend_len,
+    SamplingWords::write(scheduler_->sampling(p.id),
                          std::span<std::int32_t>(aux_).subspan(at, SamplingWords::kCount));
   }
 }
 
 bool Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  scheduler_.next_step(plan_);
-  for (RequestId id : plan_.admitted) slot_of_.emplace(id, tables_->acquire());
+  scheduler_->next_step(plan_);
   if (plan_.empty()) return false;
   build_step();
 
@@ -145,26 +145,22 @@ bool Engine::step() {
   d.requests = requests_;
   d.token_ids = token_ids_;
   d.aux = aux_;
-  tables_->attach(d);
+  step_->attach_commands(d);
   const StepPath path = graphs_->step(d, stream_);
-  tables_->clear_commands();
+  step_->ledger().clear_commands();
+  const std::size_t rows = static_cast<std::size_t>(program_->max_rows());
   GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(),
-                          (static_cast<std::size_t>(config_.max_batch) + 1) * sizeof(std::int32_t),
-                          cudaMemcpyDeviceToHost, stream_));
+                          (rows + 1) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
   copied_.record(stream_);
   copied_.synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
-  const std::int32_t bad = published_.data()[config_.max_batch];
+  const std::int32_t bad = published_.data()[rows];
   GD_REQUIRE(bad == 0, "bad_token_flag", bad,
              "the embedding saw a token id outside the vocabulary (internal error)");
 
   sampled_.assign(published_.data(), published_.data() + plan_.requests.size());
-  scheduler_.on_step_done(plan_, sampled_, events_);
-  // Release before any callback runs, so a throwing callback leaves the books consistent.
-  for (const TokenEvent& e : events_) {
-    if (!e.finished) continue;
-    tables_->release(slot_of_.at(e.id));
-    slot_of_.erase(e.id);
-  }
+  // Releases finished requests in the ledger before any callback runs, so a throwing callback
+  // leaves the books consistent.
+  scheduler_->on_step_done(plan_, sampled_, events_);
   for (const TokenEvent& e : events_) {
     const auto it = callbacks_.find(e.id);
     if (it == callbacks_.end()) continue;

@@ -6,13 +6,14 @@
 //   engine.run_until_idle();            // or call step() from your own loop
 //   std::printf("%.1f tok/s\n", engine.stats().tokens_per_s());
 //
-// One step: Scheduler (admission by KV reservation, chunked prefill, decode) -> RequestTables
-// (slot and page-table commands across the model's pools) -> StepGraphs::step (host writes the
-// step image: requests, token ids, table commands, sampling parameters; ONE copy; ONE graph
-// launch or the eager fallback) -> in the graph: prep, model, device sampling, tokens published
-// to a per-slot feedback buffer (decode rows of the next step read their input token there) and
-// to a small output array -> ONE D2H copy of that array -> Scheduler::on_step_done (stop tokens,
-// max_new_tokens) -> callbacks -> finished requests' slots and pages released.
+// One step: Scheduler (admission by reservation in the page ledger, chunked prefill, decode) ->
+// the ledger extends the planned requests (page-table commands across the model's pools) ->
+// StepGraphs::step (host writes the step image: requests, token ids, table commands, sampling
+// parameters; ONE copy; ONE graph launch or the eager fallback) -> in the graph: prep, model,
+// device sampling, tokens published to a per-slot feedback buffer (decode rows of the next step
+// read their input token there) and to a small output array -> ONE D2H copy of that array ->
+// Scheduler::on_step_done (stop tokens, max_new_tokens; finished requests' slots and pages
+// released in the ledger) -> callbacks.
 //
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
 // that could never fit the KV pool, bad sampling parameters) is refused by submit() with an Error
@@ -32,7 +33,8 @@
 #include "common/buffers.h"
 #include "common/stream.h"
 #include "engine/llama_model.h"
-#include "engine/request_tables.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
 #include "engine/sampling_step.h"
 #include "engine/scheduler.h"
 #include "engine/weights.h"
@@ -46,6 +48,7 @@ struct EngineConfig {
   std::int32_t max_step_tokens = 512;  // new tokens per prefill step (chunked prefill budget)
   std::int32_t max_context = 4096;     // prompt + generated tokens of one request
   std::int32_t kv_pages = 0;           // full-attention pool pages; 0: max_batch * max_context
+  std::int32_t sliding_pages = 0;      // sliding-window pool pages; 0: max_batch at the window
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV
@@ -84,13 +87,14 @@ class Engine {
   bool step();
   void run_until_idle();
 
-  bool idle() const noexcept { return scheduler_.idle(); }
-  std::int32_t waiting() const noexcept { return scheduler_.waiting(); }
-  std::int32_t running() const noexcept { return scheduler_.running(); }
+  bool idle() const noexcept { return scheduler_->idle(); }
+  std::int32_t waiting() const noexcept { return scheduler_->waiting(); }
+  std::int32_t running() const noexcept { return scheduler_->running(); }
   EngineStats stats() const;
   const EngineConfig& config() const noexcept { return config_; }
   const LlamaModel& model() const noexcept { return *model_; }
   const StepGraphs& graphs() const noexcept { return *graphs_; }
+  const KvLedger& ledger() const noexcept { return step_->ledger(); }
   cudaStream_t stream() const noexcept { return stream_; }
 
  private:
@@ -99,13 +103,12 @@ class Engine {
 
   EngineConfig config_;
   Stream stream_;
-  std::unique_ptr<StepInput> input_;
+  std::unique_ptr<StepContext> step_;
+  std::unique_ptr<ModelRuntime> runtime_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<SamplingStep> program_;
   std::unique_ptr<StepGraphs> graphs_;
-  std::unique_ptr<RequestTables> tables_;
-  Scheduler scheduler_;
-  std::unordered_map<RequestId, std::int32_t> slot_of_;
+  std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<RequestId, TokenCallback> callbacks_;
 
   // Per-step host staging, sized at start-up.
@@ -115,7 +118,7 @@ class Engine {
   std::vector<std::int32_t> aux_;
   std::vector<std::int32_t> sampled_;
   std::vector<TokenEvent> events_;
-  PinnedBuffer<std::int32_t> published_;  // [max_batch + 1]
+  PinnedBuffer<std::int32_t> published_;  // [max_logit_rows + 1]
   Event copied_{cudaEventDisableTiming};
 
   EngineStats stats_;

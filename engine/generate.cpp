@@ -6,9 +6,9 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "engine/model_step.h"
+#include "engine/runtime/step_context.h"
 #include "graphs/step_graphs.h"
-#include "memory/page_allocator.h"
-#include "memory/request_slots.h"
 
 namespace graphdecode {
 
@@ -20,8 +20,8 @@ std::int32_t argmax(std::span<const float> row) {
   return best;
 }
 
-LlamaModelOptions generation_model_options(std::span<const std::vector<std::int32_t>> prompts,
-                                           const GenerateOptions& o) {
+RuntimeOptions generation_runtime_options(std::span<const std::vector<std::int32_t>> prompts,
+                                          const GenerateOptions& o) {
   GD_REQUIRE(!prompts.empty(), "prompts", 0, "need at least one prompt");
   GD_REQUIRE(o.new_tokens >= 1, "new_tokens", o.new_tokens, "must be positive");
   std::int32_t total = 0, longest = 0;
@@ -29,7 +29,7 @@ LlamaModelOptions generation_model_options(std::span<const std::vector<std::int3
     total += static_cast<std::int32_t>(p.size());
     longest = std::max(longest, static_cast<std::int32_t>(p.size()));
   }
-  LlamaModelOptions m;
+  RuntimeOptions m;
   m.max_batch = static_cast<std::int32_t>(prompts.size());
   m.max_tokens = std::max(total, m.max_batch);
   m.max_kv_len = longest + o.new_tokens;
@@ -50,38 +50,22 @@ GenerateResult generate_greedy(const HostWeights& weights,
       GD_REQUIRE(id >= 0 && id < vocab, "prompts[" + std::to_string(r) + "]", id,
                  "token id outside [0, vocab)");
   }
-  const LlamaModelOptions mo = generation_model_options(prompts, o);
-  const StepCapacity cap = llama_step_capacity(weights.config, mo);
-  StepInput input(cap);
-  LlamaModel model(weights, mo, input, stream);
+  const RuntimeOptions ro = generation_runtime_options(prompts, o);
+  const AttentionLayout layout = llama_attention_layout(weights.config);
+  const StepCapacity cap = step_capacity(ro, std::span<const AttentionLayout>(&layout, 1));
+  StepContext context(cap, ledger_pools(cap, ro));
+  ModelRuntime runtime(layout, ro, context, 0, stream);
+  LlamaModel model(weights, ro, stream);
+  ModelStep program(runtime, model);
   StepGraphsConfig gc;
-  gc.modes = {{StepMode::kDecode, 1}};
   gc.use_graphs = o.use_graphs;
-  StepGraphs graphs(input, model, gc);
+  StepGraphs graphs(context.input(), program, gc);
   graphs.capture(stream);
 
-  // Host bookkeeping per pool: the same slot in every pool.
-  std::array<std::unique_ptr<PageAllocator>, kNumPoolKinds> alloc;
-  std::array<std::unique_ptr<RequestSlots>, kNumPoolKinds> slots;
-  std::array<std::unique_ptr<TableCommandBatch>, kNumPoolKinds> cmds;
-  for (int k = 0; k < kNumPoolKinds; ++k) {
-    if (!cap.pools[k].present) continue;
-    alloc[k] = std::make_unique<PageAllocator>(cap.pools[k].geometry.num_pages);
-    slots[k] = std::make_unique<RequestSlots>(cap.pools[k].geometry, *alloc[k]);
-    cmds[k] =
-        std::make_unique<TableCommandBatch>(cap.pools[k].max_commands, cap.pools[k].max_page_ids);
-  }
+  KvLedger& ledger = context.ledger();
   const auto batch = static_cast<std::int32_t>(prompts.size());
   std::vector<StepRequest> requests(prompts.size());
-  for (auto& r : requests) {
-    r.slot = -1;
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (!slots[k]) continue;
-      const std::int32_t s = slots[k]->acquire();
-      GD_REQUIRE(r.slot < 0 || r.slot == s, "slot", s, "pools handed out different slots");
-      r.slot = s;
-    }
-  }
+  for (auto& r : requests) r.slot = ledger.acquire();
   std::vector<std::int32_t> ids;
   std::vector<std::int32_t> kv(prompts.size(), 0);  // tokens cached per request
   std::vector<float> logits(static_cast<std::size_t>(batch) * vocab);
@@ -100,9 +84,7 @@ GenerateResult generate_greedy(const HostWeights& weights,
       } else {
         ids.push_back(picks[r]);
       }
-      for (int k = 0; k < kNumPoolKinds; ++k) {
-        if (slots[k]) slots[k]->extend(requests[r].slot, ext, *cmds[k]);
-      }
+      ledger.extend(requests[r].slot, ext);
       kv[r] += ext;
     }
     StepDesc d;
@@ -110,12 +92,10 @@ GenerateResult generate_greedy(const HostWeights& weights,
     d.tokens_per_request = step == 0 ? 0 : 1;
     d.requests = requests;
     d.token_ids = ids;
-    for (int k = 0; k < kNumPoolKinds; ++k) d.tables[k] = cmds[k].get();
+    context.attach_commands(d);
     const StepPath path = graphs.step(d, stream);
     (path == StepPath::kGraph ? result.graph_steps : result.eager_steps) += 1;
-    for (auto& c : cmds) {
-      if (c) c->clear();
-    }
+    ledger.clear_commands();
     GD_CUDA(cudaMemcpyAsync(logits.data(), model.logits(), logits.size() * sizeof(float),
                             cudaMemcpyDeviceToHost, stream));
     GD_CUDA(cudaStreamSynchronize(stream));

@@ -36,10 +36,10 @@ struct GenerateResult {
 // Index of the largest value, the first one on ties (torch.argmax).
 std::int32_t argmax(std::span<const float> row);
 
-// The model options that fit `prompts` and `options` (batch = prompts, one prefill step holds
+// The runtime options that fit `prompts` and `options` (batch = prompts, one prefill step holds
 // every prompt, KV extent = longest prompt + new_tokens).
-LlamaModelOptions generation_model_options(std::span<const std::vector<std::int32_t>> prompts,
-                                           const GenerateOptions& options);
+RuntimeOptions generation_runtime_options(std::span<const std::vector<std::int32_t>> prompts,
+                                          const GenerateOptions& options);
 
 // Builds the model on `stream`, runs the steps, returns the tokens. Throws Error on a bad prompt
 // (empty, token id outside the vocabulary) before any device work, or on a CUDA failure.

@@ -15,8 +15,8 @@ namespace {
 constexpr int kThreads = 128;
 
 struct UnpackParams {
-  const std::int32_t* aux;           // [max_batch][SamplingWords::kCount] step image
-  const std::int32_t* num_requests;  // [1] prep scalar
+  const std::int32_t* aux;  // [max_batch][SamplingWords::kCount] step image
+  StepMetaView meta;        // prep output: logits rows, their token rows, token request/position
   float* temperature;
   std::int32_t* top_k;
   float* top_p;
@@ -25,46 +25,53 @@ struct UnpackParams {
   std::int32_t max_rows;
 };
 
-// Row r < live: the request's words; padding rows: greedy with fixed values (never read back).
+// Row i < live: the words of the row's request, the counter = position of the sampled token;
+// padding rows: greedy with fixed values (never read back).
 __global__ void unpack_sampling_kernel(const __grid_constant__ UnpackParams p) {
-  const std::int32_t r = static_cast<std::int32_t>(blockIdx.x * kThreads + threadIdx.x);
-  if (r >= p.max_rows) return;
-  if (r < *p.num_requests) {
+  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x * kThreads + threadIdx.x);
+  if (i >= p.max_rows) return;
+  if (i < p.meta.scalars[StepMetaLayout::kNumLogitRows]) {
+    const std::int32_t t = p.meta.logit_row[i];
+    const std::int32_t r = p.meta.token_request[t];
     const std::int32_t* w = p.aux + static_cast<std::int64_t>(r) * SamplingWords::kCount;
-    p.temperature[r] = __int_as_float(w[SamplingWords::kTemperature]);
-    p.top_k[r] = w[SamplingWords::kTopK];
-    p.top_p[r] = __int_as_float(w[SamplingWords::kTopP]);
-    p.seed[r] =
+    p.temperature[i] = __int_as_float(w[SamplingWords::kTemperature]);
+    p.top_k[i] = w[SamplingWords::kTopK];
+    p.top_p[i] = __int_as_float(w[SamplingWords::kTopP]);
+    p.seed[i] =
         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[SamplingWords::kSeedHi])) << 32) |
         static_cast<std::uint32_t>(w[SamplingWords::kSeedLo]);
-    p.rng_step[r] = static_cast<std::uint32_t>(w[SamplingWords::kRngStep]);
+    p.rng_step[i] = static_cast<std::uint32_t>(p.meta.token_position[t] + 1);
   } else {
-    p.temperature[r] = 0.f;
-    p.top_k[r] = 0;
-    p.top_p[r] = 1.f;
-    p.seed[r] = 0;
-    p.rng_step[r] = 0;
+    p.temperature[i] = 0.f;
+    p.top_k[i] = 0;
+    p.top_p[i] = 1.f;
+    p.seed[i] = 0;
+    p.rng_step[i] = 0;
   }
 }
 
 struct PublishParams {
-  const std::int32_t* tokens;        // [max_rows] sampler output
-  const std::int32_t* slot;          // [max_batch] prep: slot per row
-  const std::int32_t* num_requests;  // [1]
-  const std::int32_t* bad_token;     // [1] embedding flag
-  std::int32_t* feedback;            // [max_slots]
-  std::int32_t* published;           // [max_batch + 1]
-  std::int32_t max_rows;
-  std::int32_t max_batch;
+  const std::int32_t* tokens;     // [max_rows] sampler output
+  StepMetaView meta;              // prep output
+  const std::int32_t* bad_token;  // [1] embedding flag
+  std::int32_t* feedback;         // [max_slots]
+  std::int32_t* published;        // [max_logit_rows + 1]
+  std::int32_t max_rows;          // grid rows
+  std::int32_t max_logit_rows;
 };
 
 __global__ void publish_tokens_kernel(const __grid_constant__ PublishParams p) {
-  const std::int32_t r = static_cast<std::int32_t>(blockIdx.x * kThreads + threadIdx.x);
-  if (r == 0) p.published[p.max_batch] = *p.bad_token;
-  if (r >= p.max_rows || r >= *p.num_requests) return;
-  const std::int32_t t = p.tokens[r];
-  p.published[r] = t;
-  p.feedback[p.slot[r]] = t;
+  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x * kThreads + threadIdx.x);
+  if (i == 0) p.published[p.max_logit_rows] = *p.bad_token;
+  if (i >= p.max_rows || i >= p.meta.scalars[StepMetaLayout::kNumLogitRows]) return;
+  const std::int32_t token = p.tokens[i];
+  p.published[i] = token;
+  // The next step's input of the request is the token of its last new row (one writer per slot).
+  const std::int32_t t = p.meta.logit_row[i];
+  const std::int32_t r = p.meta.token_request[t];
+  const bool every_row =
+      p.meta.scalars[StepMetaLayout::kLogitRows] == static_cast<std::int32_t>(LogitRows::kEveryRow);
+  if (!every_row || t == p.meta.q_start[r + 1] - 1) p.feedback[p.meta.slot[r]] = token;
 }
 
 unsigned blocks_for(std::int32_t rows) {
@@ -73,15 +80,17 @@ unsigned blocks_for(std::int32_t rows) {
 
 }  // namespace
 
-SamplingStep::SamplingStep(LlamaModel& model, const StepInput& input, cudaStream_t stream)
-    : model_(model), input_(input), max_batch_(input.capacity().max_batch) {
-  const StepCapacity& cap = input.capacity();
+SamplingStep::SamplingStep(ModelRuntime& runtime, LlamaModel& model, cudaStream_t stream)
+    : forward_(runtime, model),
+      input_(runtime.step().input()),
+      max_rows_(input_.capacity().resolved_max_logit_rows()) {
+  const StepCapacity& cap = input_.capacity();
   GD_REQUIRE(cap.aux_words == SamplingWords::kCount, "input.aux_words", cap.aux_words,
              "the sampling step needs " + std::to_string(SamplingWords::kCount) +
                  " aux words per request");
   GD_REQUIRE(cap.token_feedback, "input.token_feedback", "off",
              "the sampling step feeds tokens back on the device");
-  const auto b = static_cast<std::size_t>(max_batch_);
+  const auto b = static_cast<std::size_t>(max_rows_);
   temperature_ = DeviceBuffer<float>(b);
   top_p_ = DeviceBuffer<float>(b);
   top_k_ = DeviceBuffer<std::int32_t>(b);
@@ -91,18 +100,18 @@ SamplingStep::SamplingStep(LlamaModel& model, const StepInput& input, cudaStream
   feedback_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(cap.max_slots));
   published_ = DeviceBuffer<std::int32_t>(b + 1);
   for (auto* buf : {&top_k_, &tokens_, &feedback_, &published_}) buf->fill_bytes(0, stream);
-  model_.set_token_feedback(feedback_.data());
+  runtime.step().prep().set_token_feedback(feedback_.data());
 }
 
 void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
-  model_.enqueue(shape, stream);
-  const std::int32_t rows = std::clamp(shape.bucket, 1, max_batch_);
-  const StepMetaView& m = model_.prep().device();
-  const std::int32_t* num_requests = m.scalars + StepMetaLayout::kNumRequests;
+  forward_.enqueue(shape, stream);
+  const LlamaModel& model = forward_.model();
+  const std::int32_t rows = std::clamp(shape.logit_capacity, 1, max_rows_);
+  const StepMetaView& m = forward_.runtime().meta();
 
   UnpackParams u;
   u.aux = input_.device_view().aux;
-  u.num_requests = num_requests;
+  u.meta = m;
   u.temperature = temperature_.data();
   u.top_k = top_k_.data();
   u.top_p = top_p_.data();
@@ -113,7 +122,7 @@ void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
   GD_CHECK_LAUNCH();
 
   SamplingArgs a;
-  a.logits = model_.logits();
+  a.logits = model.logits();
   a.logits_type = LogitsType::kFloat32;
   a.temperature = temperature_.data();
   a.top_k = top_k_.data();
@@ -121,20 +130,19 @@ void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
   a.seed = seed_.data();
   a.step = rng_step_.data();
   a.tokens = tokens_.data();
-  a.num_rows = num_requests;
+  a.num_rows = m.scalars + StepMetaLayout::kNumLogitRows;
   a.max_rows = rows;
-  a.vocab = model_.vocab();
+  a.vocab = model.vocab();
   sample(a, stream);
 
   PublishParams p;
   p.tokens = tokens_.data();
-  p.slot = m.slot;
-  p.num_requests = num_requests;
-  p.bad_token = model_.bad_token_flag();
+  p.meta = m;
+  p.bad_token = model.bad_token_flag();
   p.feedback = feedback_.data();
   p.published = published_.data();
   p.max_rows = rows;
-  p.max_batch = max_batch_;
+  p.max_logit_rows = max_rows_;
   publish_tokens_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(p);
   GD_CHECK_LAUNCH();
 }

@@ -1,18 +1,20 @@
 // Continuous-batching scheduler: host-side policy only (no CUDA), so every rule is tested on a CPU.
 //
-// Each call to next_step() admits waiting requests (FIFO) while a request slot and enough KV
-// pages are free, then plans one step:
+// Each call to next_step() admits waiting requests (FIFO) while the page ledger (memory/
+// kv_ledger.h) can reserve a slot and every pool's pages for them, then plans one step:
 //   * an extend step when some admitted request still has prompt tokens to prefill: prompts are
 //     cut into chunks so the step holds at most max_step_tokens new tokens (chunked prefill);
 //   * otherwise a decode step with every decoding request (one new token each).
 // After the device ran the step, on_step_done() takes the sampled token of every request whose
 // step ended on a sampling position (decode rows; extend rows that finished their prompt),
-// applies stop tokens and max_new_tokens, and frees finished requests' slots and pages.
+// applies stop tokens and max_new_tokens, and releases finished requests' slots and pages in the
+// ledger (their table commands ride in the next step's image).
 //
-// KV admission is by reservation: a request is admitted only when the pages for its whole
-// extent (prompt + max_new_tokens) are free, and keeps them until it finishes. So a running
-// request never meets a full pool; when the pool is full, new requests wait (never an error,
-// never dropped). A request that could never fit is refused at submit().
+// KV admission is by reservation, read from the ledger (no second count): a request is admitted
+// only when every pool of the model can reserve the most pages its whole extent (prompt +
+// max_new_tokens) will hold there, and keeps them until it finishes. So a running request never
+// meets a full pool; when a pool is full, new requests wait (never an error, never dropped). A
+// request that could never fit is refused at submit().
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,8 @@
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "memory/kv_ledger.h"
 
 namespace graphdecode {
 
@@ -44,8 +48,6 @@ struct SchedulerConfig {
   std::int32_t max_step_tokens = 2048;  // new tokens in one extend step (prefill chunk budget)
   std::int32_t max_context = 4096;      // prompt + generated tokens of one request
   std::int32_t vocab_size = 0;
-  std::int32_t page_size = 16;
-  std::int32_t kv_pages = 0;  // usable pages of the (full-attention) KV pool
 
   void validate() const;  // Error names the bad field
 };
@@ -54,6 +56,7 @@ enum class StepKind : std::uint8_t { kExtend = 0, kDecode = 1 };
 
 struct PlannedRequest {
   RequestId id = 0;
+  std::int32_t slot = 0;                 // the request's slot in every pool of the ledger
   std::int32_t prefix_len = 0;           // tokens already in the KV cache
   std::int32_t extend_len = 0;           // tokens this step adds
   std::span<const std::int32_t> tokens;  // the extend_len token ids of this step
@@ -63,7 +66,7 @@ struct PlannedRequest {
 struct StepPlan {
   StepKind kind = StepKind::kDecode;
   std::vector<PlannedRequest> requests;  // empty: nothing to run
-  std::vector<RequestId> admitted;       // admitted by this call: acquire their slots first
+  std::vector<RequestId> admitted;       // admitted by this call (slots reserved in the ledger)
   bool empty() const { return requests.empty(); }
 };
 
@@ -75,7 +78,9 @@ struct TokenEvent {
 
 class Scheduler {
  public:
-  explicit Scheduler(const SchedulerConfig& config);
+  // `ledger` holds the model's pools and must outlive the scheduler; the scheduler admits into
+  // it and releases from it, the caller extends the planned requests in it.
+  Scheduler(const SchedulerConfig& config, KvLedger& ledger);
 
   // Validates and queues a request. Error names the field (prompt, token id, max_new_tokens,
   // context length, pages) and changes nothing; other requests are unaffected.
@@ -87,7 +92,8 @@ class Scheduler {
   void next_step(StepPlan& plan);
 
   // `sampled[i]` is the token sampled for plan.requests[i] (ignored where samples is false).
-  // Returns one event per emitted token; finished requests release their slot and pages.
+  // Returns one event per emitted token; finished requests release their slot and pages in the
+  // ledger.
   std::vector<TokenEvent> on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled);
   // The same into `events` (cleared first), reusing its storage.
   void on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
@@ -95,7 +101,6 @@ class Scheduler {
 
   std::int32_t waiting() const noexcept { return static_cast<std::int32_t>(queue_.size()); }
   std::int32_t running() const noexcept { return static_cast<std::int32_t>(running_.size()); }
-  std::int32_t free_pages() const noexcept { return free_pages_; }
   bool idle() const noexcept { return queue_.empty() && running_.empty(); }
   // Tokens of a request so far (prompt + generated), while it is known to the scheduler.
   std::span<const std::int32_t> tokens(RequestId id) const;
@@ -108,13 +113,13 @@ class Scheduler {
     std::vector<std::int32_t> tokens;  // prompt, then generated tokens
     std::int32_t cached = 0;           // tokens in the KV cache
     std::int32_t generated = 0;
-    std::int32_t reserved_pages = 0;
+    std::int32_t slot = 0;  // while admitted
   };
-  std::int32_t pages_for(const RequestSpec& s) const;
+  static KvReservation reservation(const RequestSpec& s);
   const Request& find(RequestId id) const;
 
   SchedulerConfig config_;
-  std::int32_t free_pages_ = 0;
+  KvLedger& ledger_;
   RequestId next_id_ = 1;
   std::deque<RequestId> queue_;     // waiting, FIFO
   std::vector<RequestId> running_;  // admitted, in admission order

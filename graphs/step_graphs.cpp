@@ -20,7 +20,8 @@ std::vector<std::int32_t> default_buckets(std::int32_t max_batch) {
   return b;
 }
 
-std::int32_t key_token_capacity(const GraphKey& key, std::int32_t max_tokens) {
+StepShape key_shape(const GraphKey& key, const StepCapacity& cap) {
+  const std::int32_t max_tokens = cap.max_tokens;
   std::int64_t t = max_tokens;
   switch (key.mode) {
     case StepMode::kDecode:
@@ -33,7 +34,13 @@ std::int32_t key_token_capacity(const GraphKey& key, std::int32_t max_tokens) {
     case StepMode::kExtend:
       break;
   }
-  return static_cast<std::int32_t>(std::min<std::int64_t>(t, max_tokens));
+  StepShape shape;
+  shape.bucket = key.bucket;
+  shape.token_capacity = static_cast<std::int32_t>(std::min<std::int64_t>(t, max_tokens));
+  shape.logit_capacity =
+      std::min(key.logits == LogitRows::kEveryRow ? shape.token_capacity : key.bucket,
+               cap.resolved_max_logit_rows());
+  return shape;
 }
 
 StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig config)
@@ -46,9 +53,9 @@ StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig 
     GD_REQUIRE(i == 0 || buckets_[i] > buckets_[i - 1], "buckets[" + std::to_string(i) + "]",
                buckets_[i], "buckets must be strictly ascending");
   }
-  if (config_.modes.empty()) config_.modes.push_back({StepMode::kDecode, 1});
+  if (config_.modes.empty()) config_.modes.push_back(GraphMode{});
   for (std::size_t i = 0; i < config_.modes.size(); ++i) {
-    auto& [mode, n] = config_.modes[i];
+    auto& [mode, n, logits] = config_.modes[i];
     const auto m = static_cast<std::int32_t>(mode);
     GD_REQUIRE(m >= 0 && m < kNumStepModes, "modes[" + std::to_string(i) + "].mode", m,
                "unknown step mode");
@@ -59,29 +66,31 @@ StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig 
     GD_REQUIRE(mode == StepMode::kExtend || mode == StepMode::kDecode || n >= 1,
                "modes[" + std::to_string(i) + "].tokens", n,
                "verify / draft-extend-v2 need N >= 1");
+    const auto l = static_cast<std::int32_t>(logits);
+    GD_REQUIRE(l >= 0 && l < kNumLogitRows, "modes[" + std::to_string(i) + "].logits", l,
+               "unknown LogitRows");
   }
 }
 
 void StepGraphs::capture(cudaStream_t stream) {
   if (!config_.use_graphs) return;
   GD_REQUIRE(entries_.empty(), "capture", "twice", "graphs are captured once");
-  const std::int32_t max_tokens = input_.capacity().max_tokens;
   GD_CUDA(cudaStreamSynchronize(stream));
   std::size_t free_before = 0, free_after = 0, total = 0;
   GD_CUDA(cudaMemGetInfo(&free_before, &total));
-  for (const auto& [mode, n] : config_.modes) {
+  for (const GraphMode& m : config_.modes) {
     for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {  // largest first
-      GraphKey key{mode, n, *b};
-      const StepShape shape{*b, key_token_capacity(key, max_tokens)};
+      const GraphKey key{m.mode, m.tokens_per_request, m.logits, *b};
+      const StepShape shape = key_shape(key, input_.capacity());
       CudaGraph g = CudaGraph::capture(stream, [&] { program_.enqueue(shape, stream); });
       entries_.push_back(Entry{key, std::move(g)});
     }
   }
   std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
-    const auto ka =
-        std::tuple(static_cast<int>(a.key.mode), a.key.tokens_per_request, a.key.bucket);
-    const auto kb =
-        std::tuple(static_cast<int>(b.key.mode), b.key.tokens_per_request, b.key.bucket);
+    const auto ka = std::tuple(static_cast<int>(a.key.mode), a.key.tokens_per_request,
+                               static_cast<int>(a.key.logits), a.key.bucket);
+    const auto kb = std::tuple(static_cast<int>(b.key.mode), b.key.tokens_per_request,
+                               static_cast<int>(b.key.logits), b.key.bucket);
     return ka < kb;
   });
   // Upload every executable graph once so the first replay of each pays no setup.
@@ -91,18 +100,21 @@ void StepGraphs::capture(cudaStream_t stream) {
   graph_memory_ = free_before > free_after ? free_before - free_after : 0;
 }
 
-const GraphKey* StepGraphs::find(StepMode mode, std::int32_t n, std::int32_t batch) const {
-  const Entry* e = find_entry(mode, n, batch);
+const GraphKey* StepGraphs::find(StepMode mode, std::int32_t n, std::int32_t batch,
+                                 LogitRows logits) const {
+  const Entry* e = find_entry(mode, n, logits, batch);
   return e ? &e->key : nullptr;
 }
 
-const StepGraphs::Entry* StepGraphs::find_entry(StepMode mode, std::int32_t n,
+const StepGraphs::Entry* StepGraphs::find_entry(StepMode mode, std::int32_t n, LogitRows logits,
                                                 std::int32_t batch) const {
   if (!config_.use_graphs) return nullptr;
   if (mode == StepMode::kDecode) n = 1;
   if (mode == StepMode::kExtend) n = 0;
   for (const Entry& e : entries_) {  // ascending buckets inside a (mode, N) group
-    if (e.key.mode == mode && e.key.tokens_per_request == n && e.key.bucket >= batch) return &e;
+    if (e.key.mode == mode && e.key.tokens_per_request == n && e.key.logits == logits &&
+        e.key.bucket >= batch)
+      return &e;
   }
   return nullptr;
 }
@@ -111,12 +123,13 @@ StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
   input_.write(desc);
   input_.upload(stream);
   const auto batch = static_cast<std::int32_t>(desc.requests.size());
-  if (const Entry* e = find_entry(input_.mode(), input_.tokens_per_request(), batch)) {
+  if (const Entry* e =
+          find_entry(input_.mode(), input_.tokens_per_request(), input_.logit_rows(), batch)) {
     e->graph.launch(stream);
     return StepPath::kGraph;
   }
   const StepCapacity& cap = input_.capacity();
-  program_.enqueue(StepShape{cap.max_batch, cap.max_tokens}, stream);
+  program_.enqueue(StepShape{cap.max_batch, cap.max_tokens, cap.resolved_max_logit_rows()}, stream);
   return StepPath::kEager;
 }
 

@@ -1,16 +1,15 @@
-// CUDA graphs of whole steps, keyed by (mode, tokens per request, batch bucket).
+// CUDA graphs of whole steps, keyed by (mode, tokens per request, logits rows, batch bucket):
+// the runner of the step-program contract (graphs/step_program.h).
 //
-// Contract (prepare-for-capture / prepare-for-replay):
-//   * capture(): called once, after every buffer the program reads is allocated. For every
-//     captured (mode, N) and every bucket, LARGEST bucket first, the program's enqueue(shape) is
+//   * capture(): once, after the program allocated and bound everything. For every captured
+//     (mode, N, logits) and every bucket, LARGEST bucket first, the program's enqueue(shape) is
 //     captured into one CudaGraph (which ends the capture on every error path).
 //   * step(desc): StepInput::write(desc) (host validation + fill of the pinned image), ONE async
 //     copy of the image, then ONE cudaGraphLaunch of the smallest captured bucket >= batch size of
-//     the step's (mode, N). Rows past the batch are padding; the prep kernels make them inert.
-//   * Eager fallback: a batch larger than the largest bucket, a (mode, N) that was not captured,
-//     or graphs switched off (use_graphs = false, e.g. for debugging) runs the SAME enqueue
-//     eagerly with the capacity shape. Every kernel's result per token is independent of the grid
-//     shape, so the fallback gives bitwise the same results as a replay.
+//     the step's key. Rows past the batch are padding; the prep kernels make them inert.
+//   * Eager fallback: a batch larger than the largest bucket, a key that was not captured, or
+//     graphs switched off (use_graphs = false, e.g. for debugging) runs the SAME enqueue eagerly
+//     with the capacity shape, bitwise equal to a replay.
 // Nothing on the step path allocates or synchronises the host (StepInput::write may wait for the
 // copy issued two steps earlier, see step_input.h).
 #pragma once
@@ -22,31 +21,32 @@
 #include <utility>
 #include <vector>
 
-#include "graphs/attention_stack.h"
 #include "graphs/cuda_graph.h"
 #include "graphs/step_input.h"
+#include "graphs/step_program.h"
 
 namespace graphdecode {
-
-struct GraphKey {
-  StepMode mode = StepMode::kDecode;
-  std::int32_t tokens_per_request = 1;  // decode 1; verify / draft-extend-v2 N; extend 0
-  std::int32_t bucket = 0;
-};
 
 // 1, 2, 4, 8, 16, 24, 32, 48, 64, then steps of 32 up to 256 and 64 beyond, always ending with
 // max_batch itself.
 std::vector<std::int32_t> default_buckets(std::int32_t max_batch);
 
-// New tokens a graph of `key` must cover: decode bucket, verify / draft-extend-v2 bucket * N,
-// extend max_tokens; never more than max_tokens.
-std::int32_t key_token_capacity(const GraphKey& key, std::int32_t max_tokens);
+// The shape a graph of `key` bakes in: new tokens decode bucket, verify / draft-extend-v2
+// bucket * N, extend max_tokens (never more than max_tokens); logits rows bucket, or one per
+// token for kEveryRow (never more than max_logit_rows).
+StepShape key_shape(const GraphKey& key, const StepCapacity& capacity);
+
+// One family of graphs: a mode, N and logits rows, captured for every bucket.
+struct GraphMode {
+  StepMode mode = StepMode::kDecode;
+  std::int32_t tokens_per_request = 1;  // decode 1 (forced), extend 0 (forced), else N >= 1
+  LogitRows logits = LogitRows::kLastPerRequest;
+};
 
 struct StepGraphsConfig {
   std::vector<std::int32_t> buckets;  // ascending; empty = default_buckets(max_batch)
-  // (mode, N) pairs to capture; empty = decode only. Extend may be listed with N = 0.
-  std::vector<std::pair<StepMode, std::int32_t>> modes;
-  bool use_graphs = true;  // false: every step runs eagerly (debugging)
+  std::vector<GraphMode> modes;       // empty = decode only
+  bool use_graphs = true;             // false: every step runs eagerly (debugging)
 };
 
 enum class StepPath : std::uint8_t { kGraph = 0, kEager = 1 };
@@ -64,8 +64,9 @@ class StepGraphs {
 
   // write + one copy + one graph launch (or the eager fallback). Returns the path taken.
   StepPath step(const StepDesc& desc, cudaStream_t stream);
-  // The graph that step() would replay for (mode, N, batch), or nullptr (eager).
-  const GraphKey* find(StepMode mode, std::int32_t tokens_per_request, std::int32_t batch) const;
+  // The graph that step() would replay for (mode, N, logits, batch), or nullptr (eager).
+  const GraphKey* find(StepMode mode, std::int32_t tokens_per_request, std::int32_t batch,
+                       LogitRows logits = LogitRows::kLastPerRequest) const;
 
   std::size_t num_graphs() const noexcept { return entries_.size(); }
   std::size_t num_nodes() const;  // over all graphs
@@ -80,13 +81,14 @@ class StepGraphs {
     GraphKey key;
     CudaGraph graph;
   };
-  const Entry* find_entry(StepMode mode, std::int32_t n, std::int32_t batch) const;
+  const Entry* find_entry(StepMode mode, std::int32_t n, LogitRows logits,
+                          std::int32_t batch) const;
 
   StepInput& input_;
   StepProgram& program_;
   StepGraphsConfig config_;
   std::vector<std::int32_t> buckets_;
-  std::vector<Entry> entries_;  // grouped by (mode, N), buckets ascending inside a group
+  std::vector<Entry> entries_;  // grouped by (mode, N, logits), buckets ascending in a group
   std::size_t graph_memory_ = 0;
 };
 

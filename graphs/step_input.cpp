@@ -12,7 +12,6 @@ namespace graphdecode {
 namespace {
 
 constexpr std::size_t kCommandWords = sizeof(TableCommand) / sizeof(std::int32_t);
-const char* const kPoolNames[kNumPoolKinds] = {"full", "sliding", "cross"};
 
 // Sections start on 16-word (64-byte) boundaries: aligned vector loads and readable offsets.
 std::size_t align16(std::size_t words) {
@@ -24,24 +23,10 @@ std::string req_field(std::int64_t r, const char* what) {
 }
 
 std::string pool_field(int k, const char* what) {
-  return std::string("pools[") + kPoolNames[k] + "]." + what;
+  return "pools[" + std::to_string(k) + "]." + what;
 }
 
 }  // namespace
-
-std::string_view step_mode_name(StepMode m) {
-  switch (m) {
-    case StepMode::kDecode:
-      return "decode";
-    case StepMode::kExtend:
-      return "extend";
-    case StepMode::kTargetVerify:
-      return "target-verify";
-    case StepMode::kDraftExtendV2:
-      return "draft-extend-v2";
-  }
-  return "unknown";
-}
 
 void StepCapacity::validate() const {
   GD_REQUIRE(max_batch >= 1, "max_batch", max_batch, "a step holds at least one request");
@@ -51,9 +36,17 @@ void StepCapacity::validate() const {
   GD_REQUIRE(max_kv_len >= 1, "max_kv_len", max_kv_len, "must be positive");
   GD_REQUIRE(max_encoder_len >= 0, "max_encoder_len", max_encoder_len, "cannot be negative");
   GD_REQUIRE(aux_words >= 0 && aux_words <= 64, "aux_words", aux_words, "must be in [0, 64]");
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  GD_REQUIRE(max_logit_rows == 0 || (max_logit_rows >= max_batch && max_logit_rows <= max_tokens),
+             "max_logit_rows", max_logit_rows,
+             "must be 0 (= max_batch) or in [max_batch, max_tokens]");
+  for (int k = 0; k < kMaxStepPools; ++k) {
     const StepPoolCapacity& p = pools[k];
     if (!p.present) continue;
+    GD_REQUIRE(k == 0 || pools[k - 1].present, pool_field(k, "present"), "after a gap",
+               "present pools come first");
+    GD_REQUIRE(k == 0 || p.model >= pools[k - 1].model, pool_field(k, "model"), p.model,
+               "pools are listed in model order");
+    GD_REQUIRE(p.model >= 0, pool_field(k, "model"), p.model, "cannot be negative");
     p.geometry.validate();
     GD_REQUIRE(p.geometry.max_slots == max_slots, pool_field(k, "geometry.max_slots"),
                p.geometry.max_slots, "every pool has the step's max_slots rows");
@@ -62,6 +55,12 @@ void StepCapacity::validate() const {
     GD_REQUIRE(p.max_page_ids >= 0, pool_field(k, "max_page_ids"), p.max_page_ids,
                "cannot be negative");
   }
+}
+
+std::int32_t StepCapacity::num_pools() const {
+  std::int32_t n = 0;
+  while (n < kMaxStepPools && pools[n].present) ++n;
+  return n;
 }
 
 StepLayout StepLayout::compute(const StepCapacity& cap) {
@@ -80,7 +79,7 @@ StepLayout StepLayout::compute(const StepCapacity& cap) {
   l.encoder_len = take(b);
   l.token_ids = take(static_cast<std::size_t>(cap.max_tokens));
   l.aux = take(b * static_cast<std::size_t>(cap.aux_words));
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kMaxStepPools; ++k) {
     const StepPoolCapacity& p = cap.pools[k];
     l.commands[k] = take(p.present ? kCommandWords * static_cast<std::size_t>(p.max_commands) : 0);
     l.page_ids[k] = take(p.present ? static_cast<std::size_t>(p.max_page_ids) : 0);
@@ -98,7 +97,7 @@ StepInputView StepInputView::over(const std::int32_t* image, const StepLayout& l
   v.encoder_len = image + l.encoder_len;
   v.token_ids = image + l.token_ids;
   v.aux = image + l.aux;
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kMaxStepPools; ++k) {
     v.commands[k] = reinterpret_cast<const TableCommand*>(image + l.commands[k]);
     v.page_ids[k] = image + l.page_ids[k];
   }
@@ -122,6 +121,8 @@ void StepImageWriter::validate(const StepDesc& d) const {
     GD_REQUIRE(n_key >= 1 && n_key <= cap_.max_tokens, "tokens_per_request", n_key,
                "verify / draft-extend-v2 need N in [1, max_tokens]");
   }
+  const auto logits = static_cast<std::int32_t>(d.logits);
+  GD_REQUIRE(logits >= 0 && logits < kNumLogitRows, "logits", logits, "unknown LogitRows");
   const auto n = static_cast<std::int64_t>(d.requests.size());
   GD_REQUIRE(
       n >= 1 && n <= cap_.max_batch, "num_requests", n,
@@ -144,7 +145,7 @@ void StepImageWriter::validate(const StepDesc& d) const {
                "slot appears twice in one step");
     seen_[static_cast<std::size_t>(q.slot)] = epoch_;
     GD_REQUIRE(q.prefix_len >= 0, req_field(r, "prefix_len"), q.prefix_len, "cannot be negative");
-    GD_REQUIRE(step_rules::extend_len_allowed(mode, n_key, q.extend_len),
+    GD_REQUIRE(step_rules::extend_len_allowed(d.mode, n_key, q.extend_len),
                req_field(r, "extend_len"), q.extend_len,
                std::string("not allowed in ") + std::string(step_mode_name(d.mode)) +
                    " mode with tokens_per_request " + std::to_string(n_key) +
@@ -161,6 +162,10 @@ void StepImageWriter::validate(const StepDesc& d) const {
     GD_REQUIRE(tokens <= cap_.max_tokens, req_field(r, "extend_len"), q.extend_len,
                "tokens of the step exceed max_tokens = " + std::to_string(cap_.max_tokens));
   }
+  GD_REQUIRE(d.logits != LogitRows::kEveryRow || tokens <= cap_.resolved_max_logit_rows(), "logits",
+             "every-row",
+             "the step's " + std::to_string(tokens) + " tokens exceed max_logit_rows = " +
+                 std::to_string(cap_.resolved_max_logit_rows()));
   GD_REQUIRE(static_cast<std::int64_t>(d.token_ids.size()) == tokens, "token_ids",
              d.token_ids.size(),
              "must hold exactly sum(extend_len) = " + std::to_string(tokens) + " ids");
@@ -174,7 +179,7 @@ void StepImageWriter::validate(const StepDesc& d) const {
   const std::size_t aux_expected = d.requests.size() * static_cast<std::size_t>(cap_.aux_words);
   GD_REQUIRE(d.aux.size() == aux_expected, "aux", d.aux.size(),
              "must hold requests * aux_words = " + std::to_string(aux_expected) + " words");
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kMaxStepPools; ++k) {
     const TableCommandBatch* b = d.tables[k];
     if (b == nullptr || b->empty()) continue;
     const StepPoolCapacity& p = cap_.pools[k];
@@ -203,6 +208,7 @@ void StepImageWriter::fill(const StepDesc& d, std::int32_t* img) const {
   img[StepLayout::kTokensPerRequest] = d.mode == StepMode::kDecode   ? 1
                                        : d.mode == StepMode::kExtend ? 0
                                                                      : d.tokens_per_request;
+  img[StepLayout::kLogitRows] = static_cast<std::int32_t>(d.logits);
   for (std::int32_t r = 0; r < n; ++r) {
     const StepRequest& q = d.requests[static_cast<std::size_t>(r)];
     img[layout_.slot + r] = q.slot;
@@ -213,7 +219,7 @@ void StepImageWriter::fill(const StepDesc& d, std::int32_t* img) const {
   if (tokens > 0)
     std::memcpy(img + layout_.token_ids, d.token_ids.data(), d.token_ids.size_bytes());
   if (!d.aux.empty()) std::memcpy(img + layout_.aux, d.aux.data(), d.aux.size_bytes());
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kMaxStepPools; ++k) {
     const TableCommandBatch* b = d.tables[k];
     const std::int32_t nc = b ? b->size() : 0;
     const std::int32_t np = b ? b->page_id_count() : 0;
@@ -271,6 +277,9 @@ std::int32_t StepInput::num_tokens() const noexcept {
 }
 std::int32_t StepInput::tokens_per_request() const noexcept {
   return host_[written_][StepLayout::kTokensPerRequest];
+}
+LogitRows StepInput::logit_rows() const noexcept {
+  return static_cast<LogitRows>(host_[written_][StepLayout::kLogitRows]);
 }
 
 }  // namespace graphdecode

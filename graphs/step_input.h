@@ -27,25 +27,15 @@
 
 #include "common/buffers.h"
 #include "common/stream.h"
+#include "graphs/step_mode.h"
 #include "memory/pool_config.h"
 #include "memory/table_commands.h"
 
 namespace graphdecode {
 
-enum class StepMode : std::int32_t {
-  kDecode = 0,         // extend_len = 1 for every request
-  kExtend = 1,         // prefill / chunked prefill: any extend_len >= 1
-  kTargetVerify = 2,   // extend_len = N (tokens per request of the graph key) for every request
-  kDraftExtendV2 = 3,  // extend_len in [1, N] per request (the accepted count), N of the key
-};
-inline constexpr int kNumStepModes = 4;
-std::string_view step_mode_name(StepMode m);
-
-// Pool kinds as indices of the per-pool sections (same order as AttentionKind).
-inline constexpr int kNumPoolKinds = 3;
-constexpr int pool_index(AttentionKind k) {
-  return static_cast<int>(k);
-}
+// A step's KV pools: one per attention kind of each model in the step (a target and its draft
+// each have their own), at most kMaxStepPools. Pool i's commands and page ids are section i.
+inline constexpr int kMaxStepPools = 6;
 
 // One request of a step. One slot id per request, shared by every pool kind (the engine acquires
 // the same slot in each of its pools).
@@ -59,6 +49,7 @@ struct StepRequest {
 struct StepPoolCapacity {
   bool present = false;
   PoolGeometry geometry;          // commands are validated against it (max_slots must match)
+  std::int32_t model = 0;         // which model of the step owns the pool (0 = the target)
   std::int32_t max_commands = 0;  // table commands per step
   std::int32_t max_page_ids = 0;  // page ids per step
 };
@@ -69,15 +60,22 @@ struct StepCapacity {
   std::int32_t max_slots = 0;        // page-table rows, padding slot included
   std::int32_t max_kv_len = 0;       // longest prefix_len + extend_len
   std::int32_t max_encoder_len = 0;  // longest encoder_len (0: no cross-attention)
+  // Logits rows one step may select (LogitRows): >= max_batch; kEveryRow needs one per token.
+  // 0 = max_batch.
+  std::int32_t max_logit_rows = 0;
   // Words of program-defined data per request carried in the same copy (e.g. the engine's
   // sampling parameters); the prep kernels do not read them. 0 = none.
   std::int32_t aux_words = 0;
   // Token ids may be step_rules::kTokenFromDevice (taken from the device feedback buffer).
   bool token_feedback = false;
-  std::array<StepPoolCapacity, kNumPoolKinds> pools{};  // [full, sliding, cross]
+  std::array<StepPoolCapacity, kMaxStepPools> pools{};  // present ones first, in model order
 
   // Throws Error naming the first bad field. No CUDA call.
   void validate() const;
+  std::int32_t resolved_max_logit_rows() const {
+    return max_logit_rows > 0 ? max_logit_rows : max_batch;
+  }
+  std::int32_t num_pools() const;
 };
 
 // Word offsets of each section of the image. Computed once; identical on host and device.
@@ -87,9 +85,10 @@ struct StepLayout {
   static constexpr std::size_t kNumRequests = 1;
   static constexpr std::size_t kNumTokens = 2;
   static constexpr std::size_t kTokensPerRequest = 3;  // N of the key (decode 1, extend 0)
-  static constexpr std::size_t kNumCommands = 4;       // [3] per pool kind
-  static constexpr std::size_t kNumPageIds = 7;        // [3] per pool kind
-  static constexpr std::size_t kHeaderWords = 16;      // sections start 64-byte aligned
+  static constexpr std::size_t kLogitRows = 4;         // LogitRows
+  static constexpr std::size_t kNumCommands = 8;       // [kMaxStepPools]
+  static constexpr std::size_t kNumPageIds = 16;       // [kMaxStepPools]
+  static constexpr std::size_t kHeaderWords = 32;      // sections start 64-byte aligned
 
   std::size_t slot = 0;                               // [max_batch]
   std::size_t prefix_len = 0;                         // [max_batch]
@@ -97,8 +96,8 @@ struct StepLayout {
   std::size_t encoder_len = 0;                        // [max_batch]
   std::size_t token_ids = 0;                          // [max_tokens]
   std::size_t aux = 0;                                // [max_batch][aux_words]
-  std::array<std::size_t, kNumPoolKinds> commands{};  // [max_commands] TableCommand (5 words)
-  std::array<std::size_t, kNumPoolKinds> page_ids{};  // [max_page_ids]
+  std::array<std::size_t, kMaxStepPools> commands{};  // [max_commands] TableCommand (5 words)
+  std::array<std::size_t, kMaxStepPools> page_ids{};  // [max_page_ids]
   std::size_t total_words = 0;
 
   static StepLayout compute(const StepCapacity& cap);
@@ -113,8 +112,8 @@ struct StepInputView {
   const std::int32_t* encoder_len = nullptr;  // [max_batch]
   const std::int32_t* token_ids = nullptr;    // [max_tokens]
   const std::int32_t* aux = nullptr;          // [max_batch][aux_words]
-  const TableCommand* commands[kNumPoolKinds] = {};
-  const std::int32_t* page_ids[kNumPoolKinds] = {};
+  const TableCommand* commands[kMaxStepPools] = {};
+  const std::int32_t* page_ids[kMaxStepPools] = {};
 
   static StepInputView over(const std::int32_t* image, const StepLayout& layout);
 };
@@ -125,13 +124,16 @@ struct StepDesc {
   // N of the graph key: verify (every extend_len == N) and draft-extend-v2 (1 <= extend_len <= N).
   // Decode: must be 0 or 1 (stored as 1). Extend: ignored (stored as 0).
   std::int32_t tokens_per_request = 0;
+  // Which rows get logits (part of the graph key). kEveryRow needs sum(extend_len) <=
+  // capacity.max_logit_rows.
+  LogitRows logits = LogitRows::kLastPerRequest;
   std::span<const StepRequest> requests;
   std::span<const std::int32_t> token_ids;  // [sum extend_len], request-major
   // [requests][capacity.aux_words] program data per request (empty when aux_words is 0).
   std::span<const std::int32_t> aux;
-  // Table commands of this step per pool kind, applied on the device before anything reads the
-  // tables; nullptr = none. [full, sliding, cross]
-  std::array<const TableCommandBatch*, kNumPoolKinds> tables{};
+  // Table commands of this step per pool (index as in capacity.pools), applied on the device
+  // before anything reads the tables; nullptr = none.
+  std::array<const TableCommandBatch*, kMaxStepPools> tables{};
 };
 
 // The host-side writer: plain C++, no CUDA call (tested on a CPU-only machine). Fills an image
@@ -191,6 +193,7 @@ class StepInput {
   std::int32_t num_requests() const noexcept;
   std::int32_t num_tokens() const noexcept;
   std::int32_t tokens_per_request() const noexcept;
+  LogitRows logit_rows() const noexcept;
 
  private:
   StepImageWriter writer_;

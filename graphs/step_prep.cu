@@ -1,5 +1,6 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
@@ -18,8 +19,10 @@ struct PrepParams {
   StepInputView in;              // device image
   StepMetaView out;              // device metadata block
   const std::int32_t* feedback;  // [max_slots] token per slot, or nullptr
+  const std::int32_t* chosen;    // [max_batch] kChosenPerRequest row offsets, or nullptr
   std::int32_t max_batch;
   std::int32_t max_tokens;
+  std::int32_t max_logit_rows;
 };
 
 struct MaxOp {
@@ -97,6 +100,19 @@ __global__ void __launch_bounds__(kPrepThreads)
   }
   __syncthreads();  // q_start (global, written by this block) is complete before the token map
 
+  const auto rows = static_cast<LogitRows>(p.in.header[StepLayout::kLogitRows]);
+  const std::int32_t num_logits =
+      step_rules::num_logit_rows(rows, n, total_tokens, p.max_logit_rows);
+  if (tid == 0) {
+    p.out.scalars[StepMetaLayout::kNumLogitRows] = num_logits;
+    p.out.scalars[StepMetaLayout::kLogitRows] = static_cast<std::int32_t>(rows);
+  }
+  for (std::int32_t i = tid; i < p.max_logit_rows; i += kPrepThreads) {
+    p.out.logit_row[i] = i < num_logits
+                             ? step_rules::logit_token_row(rows, i, p.out.q_start, p.chosen)
+                             : step_rules::kPaddingLogitRow;
+  }
+
   // Token rows: binary search of q_start per token (balanced whatever the extend lengths are).
   for (std::int32_t t = tid; t < p.max_tokens; t += kPrepThreads) {
     const bool live = t < total_tokens;
@@ -119,32 +135,34 @@ __global__ void __launch_bounds__(kPrepThreads)
 
 }  // namespace
 
-StepPrep::StepPrep(const StepInput& input, const StepPrepTables& tables)
-    : input_(input),
-      tables_(tables),
-      layout_(StepMetaLayout::compute(input.capacity().max_batch, input.capacity().max_tokens)) {
-  for (int k = 0; k < kNumPoolKinds; ++k) {
-    GD_REQUIRE((tables_.table[k] != nullptr) == input.capacity().pools[k].present,
-               "tables.table[" + std::to_string(k) + "]", tables_.table[k] ? "set" : "null",
-               "a page table is needed exactly for the pools present in the step capacity");
-  }
+StepPrep::StepPrep(const StepInput& input)
+    : input_(input), layout_(StepMetaLayout::compute(input.capacity())) {
   block_ = DeviceBuffer<std::int32_t>(layout_.total_words);
   block_.fill_bytes(0, nullptr);
   GD_CUDA(cudaStreamSynchronize(nullptr));  // start-up only: zeroed before any stream reads it
   view_ = StepMetaView::over(block_.data(), layout_);
 }
 
+void StepPrep::bind_table(std::int32_t pool, std::int32_t* table) {
+  GD_REQUIRE(pool >= 0 && pool < kMaxStepPools && input_.capacity().pools[pool].present, "pool",
+             pool, "not a pool of the step capacity");
+  GD_REQUIRE(table != nullptr, "table", "nullptr", "a pool needs its device page table");
+  tables_[pool] = table;
+}
+
 void StepPrep::enqueue(cudaStream_t stream) const {
   const StepCapacity& cap = input_.capacity();
   const StepInputView in = input_.device_view();
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kMaxStepPools; ++k) {
     const StepPoolCapacity& pool = cap.pools[k];
     if (!pool.present) continue;
+    GD_REQUIRE(tables_[k] != nullptr, "pools[" + std::to_string(k) + "]", "unbound",
+               "every pool's page table is bound (bind_table) before a step runs");
     TableApplyParams a;
     a.commands = in.commands[k];
     a.num_commands = in.header + StepLayout::kNumCommands + k;
     a.page_ids = in.page_ids[k];
-    a.page_table = tables_.table[k];
+    a.page_table = tables_[k];
     a.max_commands = pool.max_commands;
     a.max_page_ids = pool.max_page_ids;
     a.max_slots = pool.geometry.max_slots;
@@ -160,8 +178,10 @@ void StepPrep::enqueue_metadata(cudaStream_t stream) const {
   p.in = input_.device_view();
   p.out = view_;
   p.feedback = feedback_;
+  p.chosen = chosen_;
   p.max_batch = input_.capacity().max_batch;
   p.max_tokens = input_.capacity().max_tokens;
+  p.max_logit_rows = input_.capacity().resolved_max_logit_rows();
   prep_metadata_kernel<<<1, kPrepThreads, 0, stream>>>(p);
   GD_CHECK_LAUNCH();
 }

@@ -36,7 +36,9 @@ struct StepMetaLayout {
   static constexpr std::size_t kMaxEncoderLen = 4;  // max over live rows of encoder_len
   static constexpr std::size_t kMode = 5;
   static constexpr std::size_t kTokensPerRequest = 6;
-  static constexpr std::size_t kTotalKv = 7;  // = cu_seqlens_k[max_batch]
+  static constexpr std::size_t kTotalKv = 7;       // = cu_seqlens_k[max_batch]
+  static constexpr std::size_t kNumLogitRows = 8;  // rows selected for logits
+  static constexpr std::size_t kLogitRows = 9;     // the step's LogitRows
   static constexpr std::size_t kScalarWords = 16;
 
   std::size_t slot = 0;            // [max_batch]      live: slot; padding: kPaddingSlot
@@ -49,9 +51,14 @@ struct StepMetaLayout {
   std::size_t token_slot = 0;      // [max_tokens]     slot of each new token; padding 0
   std::size_t token_position = 0;  // [max_tokens]     absolute position; padding 0
   std::size_t token_id = 0;        // [max_tokens]     token id; padding 0
+  std::size_t logit_row = 0;       // [max_logit_rows] token row of each logits row; padding 0
   std::size_t total_words = 0;
 
-  static StepMetaLayout compute(std::int32_t max_batch, std::int32_t max_tokens);
+  static StepMetaLayout compute(std::int32_t max_batch, std::int32_t max_tokens,
+                                std::int32_t max_logit_rows);
+  static StepMetaLayout compute(const StepCapacity& cap) {
+    return compute(cap.max_batch, cap.max_tokens, cap.resolved_max_logit_rows());
+  }
 };
 
 // Trivially copyable pointers into one metadata block (host or device).
@@ -67,6 +74,7 @@ struct StepMetaView {
   std::int32_t* token_slot = nullptr;
   std::int32_t* token_position = nullptr;
   std::int32_t* token_id = nullptr;
+  std::int32_t* logit_row = nullptr;
 
   static StepMetaView over(std::int32_t* block, const StepMetaLayout& layout);
 };
@@ -74,22 +82,23 @@ struct StepMetaView {
 // CPU path: `input` points at a HOST image (StepInputView::over a host array), `out` is a host
 // block of layout.total_words words. Only the metadata is derived here; the table commands are
 // applied on the host with apply_table_commands_host (memory/table_commands.h) when needed.
-// `feedback` ([max_slots] host, or nullptr) resolves step_rules::kTokenFromDevice token ids.
-void prep_step_host(const StepInputView& input, std::int32_t max_batch, std::int32_t max_tokens,
-                    std::span<std::int32_t> out, const std::int32_t* feedback = nullptr);
-
-// Page tables the GPU path applies the step's commands to; nullptr = pool kind absent.
-struct StepPrepTables {
-  std::array<std::int32_t*, kNumPoolKinds> table{};  // [max_slots][max_pages_per_slot] device
-};
+// `feedback` ([max_slots] host, or nullptr) resolves step_rules::kTokenFromDevice token ids;
+// `chosen` ([max_batch] host, or nullptr) is the kChosenPerRequest row offsets.
+void prep_step_host(const StepInputView& input, const StepCapacity& cap,
+                    std::span<std::int32_t> out, const std::int32_t* feedback = nullptr,
+                    const std::int32_t* chosen = nullptr);
 
 class StepPrep {
  public:
   // Allocates the metadata block. `input` must outlive this object.
-  StepPrep(const StepInput& input, const StepPrepTables& tables);
+  explicit StepPrep(const StepInput& input);
   StepPrep(const StepPrep&) = delete;
   StepPrep& operator=(const StepPrep&) = delete;
 
+  // The device page table ([max_slots][max_pages_per_slot]) that pool `pool` of the step
+  // capacity applies its commands to. Every present pool is bound before the first enqueue
+  // (the pointers are baked into graphs).
+  void bind_table(std::int32_t pool, std::int32_t* table);
   // Capture-safe: applies the table commands of every present pool, then derives the metadata.
   void enqueue(cudaStream_t stream) const;
   // The metadata kernel alone (no table commands); for benchmarks and tests.
@@ -97,6 +106,10 @@ class StepPrep {
   // Device buffer [max_slots] of the token each slot sampled last: token ids equal to
   // step_rules::kTokenFromDevice read it. Set before capture (the pointer is baked into graphs).
   void set_token_feedback(const std::int32_t* per_slot) noexcept { feedback_ = per_slot; }
+  // Device buffer [max_batch] of row offsets that LogitRows::kChosenPerRequest selects (row
+  // q_start[r] + chosen[r], clamped to the request's rows); nullptr = the last row. Set before
+  // capture.
+  void set_chosen_rows(const std::int32_t* per_request) noexcept { chosen_ = per_request; }
 
   // Device pointers into the metadata block.
   const StepMetaView& device() const noexcept { return view_; }
@@ -110,11 +123,12 @@ class StepPrep {
 
  private:
   const StepInput& input_;
-  StepPrepTables tables_;
+  std::array<std::int32_t*, kMaxStepPools> tables_{};  // device page table per pool
   StepMetaLayout layout_;
   DeviceBuffer<std::int32_t> block_;  // [layout_.total_words]
   StepMetaView view_;
   const std::int32_t* feedback_ = nullptr;
+  const std::int32_t* chosen_ = nullptr;
 };
 
 }  // namespace graphdecode

@@ -14,9 +14,11 @@ std::size_t align16(std::size_t words) {
 }
 }  // namespace
 
-StepMetaLayout StepMetaLayout::compute(std::int32_t max_batch, std::int32_t max_tokens) {
+StepMetaLayout StepMetaLayout::compute(std::int32_t max_batch, std::int32_t max_tokens,
+                                       std::int32_t max_logit_rows) {
   GD_REQUIRE(max_batch >= 1, "max_batch", max_batch, "must be positive");
   GD_REQUIRE(max_tokens >= 1, "max_tokens", max_tokens, "must be positive");
+  GD_REQUIRE(max_logit_rows >= 1, "max_logit_rows", max_logit_rows, "must be positive");
   StepMetaLayout l;
   std::size_t w = kScalarWords;
   const auto take = [&w](std::size_t words) {
@@ -36,6 +38,7 @@ StepMetaLayout StepMetaLayout::compute(std::int32_t max_batch, std::int32_t max_
   l.token_slot = take(t);
   l.token_position = take(t);
   l.token_id = take(t);
+  l.logit_row = take(static_cast<std::size_t>(max_logit_rows));
   l.total_words = w;
   return l;
 }
@@ -53,12 +56,16 @@ StepMetaView StepMetaView::over(std::int32_t* block, const StepMetaLayout& l) {
   v.token_slot = block + l.token_slot;
   v.token_position = block + l.token_position;
   v.token_id = block + l.token_id;
+  v.logit_row = block + l.logit_row;
   return v;
 }
 
-void prep_step_host(const StepInputView& in, std::int32_t max_batch, std::int32_t max_tokens,
-                    std::span<std::int32_t> out_block, const std::int32_t* feedback) {
-  const StepMetaLayout layout = StepMetaLayout::compute(max_batch, max_tokens);
+void prep_step_host(const StepInputView& in, const StepCapacity& cap,
+                    std::span<std::int32_t> out_block, const std::int32_t* feedback,
+                    const std::int32_t* chosen) {
+  const std::int32_t max_batch = cap.max_batch, max_tokens = cap.max_tokens;
+  const std::int32_t max_logit_rows = cap.resolved_max_logit_rows();
+  const StepMetaLayout layout = StepMetaLayout::compute(cap);
   GD_REQUIRE(out_block.size() >= layout.total_words, "out", out_block.size(),
              "smaller than the metadata layout");
   const StepMetaView out = StepMetaView::over(out_block.data(), layout);
@@ -97,6 +104,14 @@ void prep_step_host(const StepInputView& in, std::int32_t max_batch, std::int32_
   s[StepMetaLayout::kMode] = in.header[StepLayout::kMode];
   s[StepMetaLayout::kTokensPerRequest] = in.header[StepLayout::kTokensPerRequest];
   s[StepMetaLayout::kTotalKv] = run_k;
+  const auto rows = static_cast<LogitRows>(in.header[StepLayout::kLogitRows]);
+  const std::int32_t num_logits = step_rules::num_logit_rows(rows, n, total_tokens, max_logit_rows);
+  s[StepMetaLayout::kNumLogitRows] = num_logits;
+  s[StepMetaLayout::kLogitRows] = static_cast<std::int32_t>(rows);
+  for (std::int32_t i = 0; i < max_logit_rows; ++i) {
+    out.logit_row[i] = i < num_logits ? step_rules::logit_token_row(rows, i, out.q_start, chosen)
+                                      : step_rules::kPaddingLogitRow;
+  }
 
   for (std::int32_t t = 0; t < max_tokens; ++t) {
     const bool live = t < total_tokens;

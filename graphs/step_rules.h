@@ -7,27 +7,22 @@
 #include <cstdint>
 
 #include "common/request_rules.h"
+#include "graphs/step_mode.h"
 
 namespace graphdecode::step_rules {
 
-// Mode numbers as stored in the image (StepMode's values; kept as ints for device code).
-inline constexpr std::int32_t kModeDecode = 0;
-inline constexpr std::int32_t kModeExtend = 1;
-inline constexpr std::int32_t kModeTargetVerify = 2;
-inline constexpr std::int32_t kModeDraftExtendV2 = 3;
-
 // Is `extend_len` allowed for a request of a step of `mode` whose key has N = tokens_per_request?
 //   decode 1; verify exactly N; draft-extend-v2 1..N (the accepted count); extend >= 1.
-GD_HD bool extend_len_allowed(std::int32_t mode, std::int32_t tokens_per_request,
+GD_HD bool extend_len_allowed(StepMode mode, std::int32_t tokens_per_request,
                               std::int32_t extend_len) {
   switch (mode) {
-    case kModeDecode:
+    case StepMode::kDecode:
       return extend_len == 1;
-    case kModeTargetVerify:
+    case StepMode::kTargetVerify:
       return extend_len == tokens_per_request;
-    case kModeDraftExtendV2:
+    case StepMode::kDraftExtendV2:
       return extend_len >= 1 && extend_len <= tokens_per_request;
-    case kModeExtend:
+    case StepMode::kExtend:
       return extend_len >= 1;
     default:
       return false;
@@ -83,6 +78,25 @@ GD_HD std::int32_t resolve_token_id(std::int32_t id, std::int32_t slot,
                                     const std::int32_t* feedback) {
   if (id != kTokenFromDevice) return id;
   return feedback != nullptr ? feedback[slot] : kPaddingTokenId;
+}
+
+// Logits rows (LogitRows): how many a step selects, and the token row of selected row i (i below
+// that count). Padding logits rows (past the count, up to the graph's capacity) read token row
+// kPaddingLogitRow, whose values nobody reads back.
+inline constexpr std::int32_t kPaddingLogitRow = 0;
+GD_HD std::int32_t num_logit_rows(LogitRows rows, std::int32_t num_requests,
+                                  std::int32_t num_tokens, std::int32_t max_logit_rows) {
+  const std::int32_t n = rows == LogitRows::kEveryRow ? num_tokens : num_requests;
+  return n < max_logit_rows ? n : max_logit_rows;
+}
+// q_start [num_requests + 1] (cu_seqlens of the new tokens); chosen [num_requests] or nullptr.
+GD_HD std::int32_t logit_token_row(LogitRows rows, std::int32_t i, const std::int32_t* q_start,
+                                   const std::int32_t* chosen) {
+  if (rows == LogitRows::kEveryRow) return i;
+  const std::int32_t first = q_start[i], last = q_start[i + 1] - 1;
+  if (rows != LogitRows::kChosenPerRequest || chosen == nullptr) return last;
+  const std::int32_t row = first + chosen[i];
+  return row < first ? first : row > last ? last : row;
 }
 
 }  // namespace graphdecode::step_rules

@@ -58,9 +58,10 @@ std::int32_t RequestSlots::acquire() {
   return slot;
 }
 
-void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableCommandBatch& out) {
+RequestSlots::ExtendPlan RequestSlots::plan_extend(std::int32_t slot,
+                                                   std::int32_t extend_len) const {
   require_active(slot, "extend");
-  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  const SlotState& s = slots_[static_cast<std::size_t>(slot)];
   GD_REQUIRE(extend_len >= 0, "extend_len", extend_len, "a step cannot add a negative count");
   GD_REQUIRE(geometry_.kind != AttentionKind::kCross || s.tokens == 0, "slot", slot,
              "cross pool: this request already holds its encoder K/V (written once)");
@@ -70,19 +71,30 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
   GD_REQUIRE(extent <= geometry_.max_tokens_per_slot(), "kv_extent", extent,
              "prefix_len + extend_len exceeds the slot capacity max_pages_per_slot * page_size = " +
                  std::to_string(geometry_.max_tokens_per_slot()) + " tokens");
-
   const std::int32_t held = pages_for_tokens(prefix_len, P);
   const std::int32_t need = pages_for_tokens(static_cast<std::int32_t>(extent), P);
+  ExtendPlan plan;
+  plan.evict = first_resident_after(slot, prefix_len) - s.first_resident;
+  plan.add = need - held;
+  plan.held_after = need - (s.first_resident + plan.evict);
+  return plan;
+}
+
+std::int32_t RequestSlots::first_resident_after(std::int32_t slot, std::int32_t prefix_len) const {
+  const SlotState& s = slots_[static_cast<std::size_t>(slot)];
   // Sliding window: the step's first query (at prefix_len) is the most restrictive, so pages left
-  // of its first visible key are never read again. new_first <= held always (the first visible
-  // key is <= prefix_len), so every evicted entry is a page we hold.
-  const std::int32_t new_first =
-      geometry_.kind == AttentionKind::kSliding
-          ? std::max(s.first_resident,
-                     swa_first_resident_page(prefix_len, geometry_.window_left, P))
-          : s.first_resident;
-  const std::int32_t evict = new_first - s.first_resident;
-  const std::int32_t add = need - held;
+  // of its first visible key are never read again. The result is <= the pages held always (the
+  // first visible key is <= prefix_len), so every evicted entry is a page we hold.
+  return geometry_.kind == AttentionKind::kSliding
+             ? std::max(s.first_resident, swa_first_resident_page(prefix_len, geometry_.window_left,
+                                                                  geometry_.page_size))
+             : s.first_resident;
+}
+
+void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableCommandBatch& out) {
+  const ExtendPlan plan = plan_extend(slot, extend_len);
+  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  const std::int32_t evict = plan.evict, add = plan.add;
   out.require_room((evict > 0) + (add > 0), add);
   // Evicted pages go back before the new ones are taken, so they count as free here.
   GD_REQUIRE(add <= alloc_.free_pages() + evict, "pages_requested", add,
@@ -91,6 +103,8 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
 
   // All checks passed: mutate. Page reuse is safe by stream order: the previous step's reads of
   // an evicted page finish before this step's writes to the same page id.
+  const std::int32_t held = pages_for_tokens(s.tokens, geometry_.page_size);
+  const std::int32_t new_first = s.first_resident + evict;
   if (evict > 0) {
     auto gone = row_range(slot, s.first_resident, new_first);
     alloc_.release(gone);
@@ -98,11 +112,11 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
     out.push_clear(slot, s.first_resident, evict);
   }
   if (add > 0) {
-    auto fresh = row_range(slot, held, need);
+    auto fresh = row_range(slot, held, held + add);
     alloc_.allocate_into(fresh);
     out.push_set(slot, held, fresh);
   }
-  s.tokens = static_cast<std::int32_t>(extent);
+  s.tokens += extend_len;
   s.first_resident = new_first;
 }
 

@@ -37,6 +37,16 @@ class RequestSlots {
   // A free request slot (never kPaddingSlot), with 0 tokens. Error "max_slots" when all are used.
   std::int32_t acquire();
 
+  // What extend(slot, extend_len) would do, without doing it: pages returned left of the window,
+  // pages taken, and pages held afterwards. Throws like extend() for a bad slot or length (not
+  // for want of pages or batch room: compare `add` with free pages + `evict`).
+  struct ExtendPlan {
+    std::int32_t evict = 0;       // pages returned (sliding window)
+    std::int32_t add = 0;         // pages taken
+    std::int32_t held_after = 0;  // pages held afterwards
+  };
+  ExtendPlan plan_extend(std::int32_t slot, std::int32_t extend_len) const;
+
   // Reserves positions [prefix_len, prefix_len + extend_len) for the step that starts at
   // prefix_len = tokens(slot): allocates the pages they need and, for a sliding-window pool,
   // first returns the pages left of swa_first_resident_page(prefix_len, window_left, page_size).
@@ -73,6 +83,8 @@ class RequestSlots {
     std::int32_t first_resident = 0;  // logical pages [0, first_resident) were evicted (SWA)
   };
   void require_active(std::int32_t slot, const char* what) const;
+  // First resident logical page once a step starts at prefix_len (sliding window: later).
+  std::int32_t first_resident_after(std::int32_t slot, std::int32_t prefix_len) const;
   std::span<std::int32_t> row_range(std::int32_t slot, std::int32_t first, std::int32_t end);
 
   PoolGeometry geometry_;

@@ -10,16 +10,14 @@
 #include <sstream>
 
 #include "attention/reference.h"
+#include "attention_stack.h"
 #include "common/buffers.h"
 #include "common/error.h"
 #include "common/request_rules.h"
 #include "common/stream.h"
-#include "graphs/attention_stack.h"
 #include "graphs/step_graphs.h"
-#include "graphs/synthetic.h"
-#include "memory/page_allocator.h"
-#include "memory/request_slots.h"
 #include "page_checksum.h"
+#include "synthetic.h"
 
 namespace graphdecode::fuzz {
 namespace {
@@ -28,11 +26,14 @@ constexpr std::int32_t kSpecTokens = 4;  // N of the captured verify / draft-ext
 constexpr std::int32_t kMaxPrompt = 48;  // longest extend of one request in extend mode
 
 struct Engine {
-  StepInput input;
+  StepContext step;
   AttentionStack stack;
   StepGraphs graphs;
-  Engine(const AttentionStackConfig& c, const StepGraphsConfig& g, cudaStream_t s)
-      : input(stack_step_capacity(c)), stack(c, input, s), graphs(input, stack, g) {}
+  Engine(const AttentionStackConfig& c, const StepCapacity& cap, const StepGraphsConfig& g,
+         cudaStream_t s)
+      : step(cap, ledger_pools(cap, c.options)),
+        stack(c, step, s),
+        graphs(step.input(), stack, g) {}
 };
 
 struct Request {
@@ -48,25 +49,27 @@ std::int32_t uniform(std::mt19937_64& rng, std::int32_t lo, std::int32_t hi) {  
 
 AttentionStackConfig draw_config(std::mt19937_64& rng, std::int32_t max_batch) {
   AttentionStackConfig c;
-  c.page_size = std::array<std::int32_t, 3>{8, 16, 32}[uniform(rng, 0, 2)];
-  const std::int32_t ps = c.page_size;
+  AttentionLayout& l = c.layout;
+  RuntimeOptions& o = c.options;
+  o.page_size = std::array<std::int32_t, 3>{8, 16, 32}[uniform(rng, 0, 2)];
+  const std::int32_t ps = o.page_size;
   // Windows at and around page boundaries.
-  c.window_left = std::array<std::int32_t, 6>{ps - 1, ps,         2 * ps - 1,
+  l.window_left = std::array<std::int32_t, 6>{ps - 1, ps,         2 * ps - 1,
                                               2 * ps, 2 * ps + 1, 3 * ps - 2}[uniform(rng, 0, 5)];
-  c.layers = {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross};
+  l.layers = {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross};
   const std::int32_t extra = uniform(rng, 0, 3);
   for (std::int32_t i = 0; i < extra; ++i)
-    c.layers.push_back(static_cast<AttentionKind>(uniform(rng, 0, 2)));
-  std::shuffle(c.layers.begin(), c.layers.end(), rng);
-  c.num_q_heads = 4;
-  c.num_kv_heads = uniform(rng, 0, 1) ? 2 : 1;
-  c.head_dim = 64;
-  c.dtype = uniform(rng, 0, 3) == 0 ? DType::kFP16 : DType::kBF16;
-  c.max_batch = max_batch;
-  c.max_tokens = max_batch * kSpecTokens + kMaxPrompt;
-  c.max_new_tokens = kMaxPrompt;
-  c.max_kv_len = 512;
-  c.max_encoder_len = 192;
+    l.layers.push_back(static_cast<AttentionKind>(uniform(rng, 0, 2)));
+  std::shuffle(l.layers.begin(), l.layers.end(), rng);
+  l.num_q_heads = 4;
+  l.num_kv_heads = uniform(rng, 0, 1) ? 2 : 1;
+  l.head_dim = 64;
+  l.dtype = uniform(rng, 0, 3) == 0 ? DType::kFP16 : DType::kBF16;
+  o.max_batch = max_batch;
+  o.max_tokens = max_batch * kSpecTokens + kMaxPrompt;
+  o.max_new_tokens = kMaxPrompt;
+  o.max_kv_len = 512;
+  o.max_encoder_len = 192;
   c.seed = static_cast<std::uint32_t>(rng());
   return c;
 }
@@ -74,10 +77,11 @@ AttentionStackConfig draw_config(std::mt19937_64& rng, std::int32_t max_batch) {
 std::string describe(const AttentionStackConfig& c) {
   std::ostringstream os;
   os << "layers=";
-  for (AttentionKind k : c.layers) os << "FSC"[static_cast<int>(k)];
-  os << " page=" << c.page_size << " window_left=" << c.window_left << " heads=" << c.num_q_heads
-     << "/" << c.num_kv_heads << " dim=" << c.head_dim << " " << dtype_name(c.dtype)
-     << " max_batch=" << c.max_batch << " max_tokens=" << c.max_tokens;
+  for (AttentionKind k : c.layout.layers) os << "FSC"[static_cast<int>(k)];
+  os << " page=" << c.options.page_size << " window_left=" << c.layout.window_left
+     << " heads=" << c.layout.num_q_heads << "/" << c.layout.num_kv_heads
+     << " dim=" << c.layout.head_dim << " " << dtype_name(c.layout.dtype)
+     << " max_batch=" << c.options.max_batch << " max_tokens=" << c.options.max_tokens;
   return os.str();
 }
 
@@ -85,26 +89,22 @@ std::string describe(const AttentionStackConfig& c) {
 class Fuzzer {
  public:
   Fuzzer(const FuzzOptions& o) : opt_(o), rng_(o.seed), config_(draw_config(rng_, o.max_batch)) {
-    graphs_on_.modes = {{StepMode::kDecode, 1},
-                        {StepMode::kTargetVerify, kSpecTokens},
-                        {StepMode::kDraftExtendV2, kSpecTokens}};
+    graphs_on_.modes = {GraphMode{StepMode::kDecode, 1},
+                        GraphMode{StepMode::kTargetVerify, kSpecTokens},
+                        GraphMode{StepMode::kDraftExtendV2, kSpecTokens}};
     StepGraphsConfig off;
     off.use_graphs = false;
-    a_ = std::make_unique<Engine>(config_, graphs_on_, stream_);
-    b_ = std::make_unique<Engine>(config_, off, stream_);
-    cap_ = a_->input.capacity();
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (!cap_.pools[k].present) continue;
-      const PoolGeometry& g = cap_.pools[k].geometry;
-      alloc_[k] = std::make_unique<PageAllocator>(g.num_pages);
-      slots_[k] = std::make_unique<RequestSlots>(g, *alloc_[k]);
-      batches_[k] = std::make_unique<TableCommandBatch>(cap_.pools[k].max_commands,
-                                                        cap_.pools[k].max_page_ids);
-      checksum_dev_[k] = DeviceBuffer<std::uint64_t>(static_cast<std::size_t>(g.num_pages));
+    cap_ = stack_step_capacity(config_);
+    a_ = std::make_unique<Engine>(config_, cap_, graphs_on_, stream_);
+    b_ = std::make_unique<Engine>(config_, cap_, off, stream_);
+    for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
+      const ModelRuntime& rt = a_->stack.runtime();
+      if (!rt.has_pool(k)) continue;
+      pool_[kind_index(k)] = rt.pool_index(k);
+      checksum_dev_[kind_index(k)] =
+          DeviceBuffer<std::uint64_t>(static_cast<std::size_t>(rt.pool(k).num_pages()));
       scramble(k);
     }
-    cross_batch_ =
-        std::make_unique<TableCommandBatch>(a_->stack.pool(AttentionKind::kCross).make_batch());
     residual_a_.resize(static_cast<std::size_t>(cap_.max_tokens) * a_->stack.row_elems());
     residual_b_ = residual_a_;
     a_->graphs.capture(stream_);
@@ -132,24 +132,15 @@ class Fuzzer {
     }
   }
 
-  // Shuffles the allocator's free list: pages come out non-monotonic.
-  void scramble(int k) {
-    PageAllocator& a = *alloc_[k];
-    std::vector<std::int32_t> pages = a.allocate(a.free_pages());
-    std::shuffle(pages.begin(), pages.end(), rng_);
-    a.release(pages);
-  }
+  KvLedger& ledger() { return a_->step.ledger(); }
+  // Index of the pool of `kind` in the step (-1 when the stack has none).
+  std::int32_t pool(AttentionKind k) const { return pool_[kind_index(k)]; }
 
-  bool pool(AttentionKind k) const { return cap_.pools[pool_index(k)].present; }
-  RequestSlots& slots(AttentionKind k) { return *slots_[pool_index(k)]; }
-  TableCommandBatch& batch(AttentionKind k) { return *batches_[pool_index(k)]; }
+  // Shuffles the pool's free list: pages come out non-monotonic.
+  void scramble(AttentionKind k) { ledger().shuffle_free_pages(pool(k), rng_()); }
 
   void finish(std::size_t i) {
-    const Request& r = live_[i];
-    for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
-      if (pool(k)) slots(k).release(r.slot, batch(k));
-    }
-    slots(AttentionKind::kCross).release(r.slot, *cross_batch_);
+    ledger().release(live_[i].slot);
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 
@@ -167,12 +158,7 @@ class Fuzzer {
     std::vector<std::size_t> fresh;
     for (std::int32_t i = 0; i < arrivals; ++i) {
       Request r;
-      r.slot = slots(AttentionKind::kCross).acquire();
-      for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
-        if (!pool(k)) continue;
-        const std::int32_t s = slots(k).acquire();
-        GD_REQUIRE(s == r.slot, "slot", s, "pools handed out different slots (bookkeeping bug)");
-      }
+      r.slot = ledger().acquire();
       r.id = next_id_++;
       // Every live request a different encoder length (0 included once).
       for (int attempt = 0; attempt < 64; ++attempt) {
@@ -182,34 +168,32 @@ class Fuzzer {
           break;
         }
       }
-      if (r.encoder_len > 0)
-        slots(AttentionKind::kCross).extend(r.slot, r.encoder_len, *cross_batch_);
+      if (r.encoder_len > 0) ledger().set_encoder(r.slot, r.encoder_len);
       live_.push_back(r);
       fresh.push_back(live_.size() - 1);
     }
+    // The cross pool changes eagerly, at arrival and departure: its commands never ride in a step.
+    const std::int32_t cross = pool(AttentionKind::kCross);
     for (Engine* e : {a_.get(), b_.get()}) {
-      const TableCommandBatch* cmds = cross_batch_.get();
-      if (fresh.empty() && !cross_batch_->empty())
-        e->stack.apply_table(AttentionKind::kCross, *cross_batch_, stream_);
+      if (!ledger().commands(cross).empty())
+        e->stack.apply_table(AttentionKind::kCross, ledger().commands(cross), stream_);
       for (std::size_t i : fresh) {
         const Request& r = live_[i];
-        e->stack.encode(r.slot, r.id, r.encoder_len, cmds, stream_);
-        cmds = nullptr;
+        e->stack.encode(r.slot, r.id, r.encoder_len, stream_);
       }
     }
-    cross_batch_->clear();
+    ledger().clear_commands(cross);
     if (uniform(rng_, 0, 49) == 0) {
-      for (int k = 0; k < kNumPoolKinds; ++k) {
-        if (cap_.pools[k].present) scramble(k);
-      }
+      for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross})
+        if (pool(k) >= 0) scramble(k);
     }
   }
 
-  void checksums(std::array<std::vector<std::uint64_t>, kNumPoolKinds>& out) {
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (!cap_.pools[k].present) continue;
-      page_checksums(a_->stack.pool(static_cast<AttentionKind>(k)), checksum_dev_[k].data(), out[k],
-                     stream_);
+  void checksums(std::array<std::vector<std::uint64_t>, kNumAttentionKinds>& out) {
+    for (int k = 0; k < kNumAttentionKinds; ++k) {
+      const auto kind = static_cast<AttentionKind>(k);
+      if (pool(kind) < 0) continue;
+      page_checksums(a_->stack.runtime().pool(kind), checksum_dev_[k].data(), out[k], stream_);
     }
   }
 
@@ -248,9 +232,7 @@ class Fuzzer {
         ext = uniform(rng_, 1, std::max(1, std::min(kMaxPrompt, budget - left * kSpecTokens)));
       budget -= ext;
       StepRequest q{r.slot, static_cast<std::int32_t>(r.history.size()), ext, r.encoder_len};
-      for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
-        if (pool(k)) slots(k).extend(r.slot, ext, batch(k));
-      }
+      ledger().extend(r.slot, ext);
       prefix_.push_back(q.prefix_len);
       for (std::int32_t i = 0; i < ext; ++i) {
         const std::int32_t id = uniform(rng_, 0, 50000);
@@ -264,7 +246,7 @@ class Fuzzer {
     d.tokens_per_request = n_key;
     d.requests = requests_;
     d.token_ids = tokens_;
-    for (int k = 0; k < 2; ++k) d.tables[k] = batches_[k] ? batches_[k].get() : nullptr;
+    a_->step.attach_commands(d);
 
     checksums(before_);
     const StepPath path = a_->graphs.step(d, stream_);
@@ -301,17 +283,13 @@ class Fuzzer {
     check_untouched(what.str());
     check_reference(what.str());
 
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (batches_[k]) batches_[k]->clear();
-    }
+    ledger().clear_commands();
     // Speculative rollback after verify: keep prefix + accepted tokens.
     if (mode == StepMode::kTargetVerify) {
       for (std::size_t j = 0; j < order.size(); ++j) {
         Request& r = live_[order[j]];
         const std::int32_t keep = prefix_[j] + uniform(rng_, 1, n_key);
-        for (AttentionKind k : {AttentionKind::kFull, AttentionKind::kSliding}) {
-          if (pool(k)) slots(k).truncate(r.slot, keep, batch(k));
-        }
+        ledger().truncate(r.slot, keep);
         r.history.resize(static_cast<std::size_t>(keep));
       }
     }
@@ -321,20 +299,21 @@ class Fuzzer {
   // pages of a request in the step that hold only cached tokens (below its prefix), and every
   // cross page.
   void check_untouched(const std::string& what) {
-    for (int k = 0; k < kNumPoolKinds; ++k) {
-      if (!cap_.pools[k].present) continue;
-      const std::int32_t ps = cap_.pools[k].geometry.page_size;
+    for (int k = 0; k < kNumAttentionKinds; ++k) {
+      const std::int32_t p = pool(static_cast<AttentionKind>(k));
+      if (p < 0) continue;
+      const std::int32_t ps = cap_.pools[p].geometry.page_size;
       const auto changed = [&](std::int32_t page) { return before_[k][page] != after_[k][page]; };
       if (changed(kReservedPage))
         fail(what + ": reserved page changed in pool " + std::to_string(k));
       for (const Request& r : live_) {
         std::int32_t protect_below = INT32_MAX;  // logical pages [0, protect_below) are protected
-        if (k != pool_index(AttentionKind::kCross)) {
+        if (k != kind_index(AttentionKind::kCross)) {
           for (std::size_t j = 0; j < requests_.size(); ++j) {
             if (requests_[j].slot == r.slot) protect_below = prefix_[j] / ps;
           }
         }
-        const auto row = slots_[k]->row(r.slot);
+        const auto row = ledger().slots(p).row(r.slot);
         for (std::int32_t lp = 0; lp < static_cast<std::int32_t>(row.size()) && lp < protect_below;
              ++lp) {
           if (row[lp] != kInvalidPage && changed(row[lp])) {
@@ -350,7 +329,8 @@ class Fuzzer {
   // float64 reference of the whole stack for a few rows of the step.
   void check_reference(const std::string& what) {
     const std::int32_t total = static_cast<std::int32_t>(tokens_.size());
-    const std::int32_t hq = config_.num_q_heads, hkv = config_.num_kv_heads, dim = config_.head_dim;
+    const AttentionLayout& layout = config_.layout;
+    const std::int32_t hq = layout.num_q_heads, hkv = layout.num_kv_heads, dim = layout.head_dim;
     const std::int32_t group = hq / hkv;
     const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
     for (std::int32_t s = 0; s < opt_.ref_rows; ++s) {
@@ -364,8 +344,8 @@ class Fuzzer {
       const std::int32_t pos = q.prefix_len + (t - start);
       std::vector<double> residual(static_cast<std::size_t>(hq * dim), 0.0);
       std::vector<double> qv(static_cast<std::size_t>(dim)), acc(static_cast<std::size_t>(dim));
-      for (std::int32_t l = 0; l < static_cast<std::int32_t>(config_.layers.size()); ++l) {
-        const AttentionKind kind = config_.layers[l];
+      for (std::int32_t l = 0; l < static_cast<std::int32_t>(layout.layers.size()); ++l) {
+        const AttentionKind kind = layout.layers[l];
         std::vector<double> out(residual.size(), 0.0);
         for (std::int32_t h = 0; h < hq; ++h) {
           const std::int32_t kvh = h / group;
@@ -374,11 +354,10 @@ class Fuzzer {
                 config_.seed, synthetic::kQuery, static_cast<std::uint32_t>(req->history[pos]),
                 static_cast<std::uint32_t>(pos), synthetic::element_id(l, h, d));
             const float v = x + config_.residual_gain * static_cast<float>(residual[h * dim + d]);
-            qv[d] = reference::to_float(reference::from_float(v, config_.dtype), config_.dtype);
+            qv[d] = reference::to_float(reference::from_float(v, layout.dtype), layout.dtype);
           }
           std::int32_t k_begin = 0, k_end = pos + 1;
-          if (kind == AttentionKind::kSliding)
-            k_begin = first_visible_key(pos, config_.window_left);
+          if (kind == AttentionKind::kSliding) k_begin = first_visible_key(pos, layout.window_left);
           if (kind == AttentionKind::kCross) k_end = req->encoder_len;
           if (k_end <= k_begin) continue;  // sees no key: output 0
           double m = -INFINITY, denom = 0.0;
@@ -394,7 +373,7 @@ class Fuzzer {
                   synthetic::value(config_.seed, tk, a, static_cast<std::uint32_t>(key),
                                    synthetic::element_id(l, kvh, d));
               score += qv[d] *
-                       reference::to_float(reference::from_float(kf, config_.dtype), config_.dtype);
+                       reference::to_float(reference::from_float(kf, layout.dtype), layout.dtype);
             }
             score *= scale;
             const double m_new = std::max(m, score);
@@ -404,9 +383,8 @@ class Fuzzer {
               const float vf =
                   synthetic::value(config_.seed, tv, a, static_cast<std::uint32_t>(key),
                                    synthetic::element_id(l, kvh, d));
-              acc[d] =
-                  acc[d] * c +
-                  p * reference::to_float(reference::from_float(vf, config_.dtype), config_.dtype);
+              acc[d] = acc[d] * c + p * reference::to_float(reference::from_float(vf, layout.dtype),
+                                                            layout.dtype);
             }
             m = m_new;
           }
@@ -426,7 +404,7 @@ class Fuzzer {
         }
       }
       result_.max_ref_error = std::max(result_.max_ref_error, worst);
-      const double tol = config_.dtype == DType::kBF16 ? 3e-2 : 1e-2;
+      const double tol = layout.dtype == DType::kBF16 ? 3e-2 : 1e-2;
       if (!(worst <= tol)) {
         fail(what + ": reference mismatch at token " + std::to_string(t) + " (slot " +
              std::to_string(q.slot) + ", position " + std::to_string(pos) + ") element " +
@@ -443,12 +421,9 @@ class Fuzzer {
   Stream stream_;
   std::unique_ptr<Engine> a_, b_;
   StepCapacity cap_;
-  std::array<std::unique_ptr<PageAllocator>, kNumPoolKinds> alloc_;
-  std::array<std::unique_ptr<RequestSlots>, kNumPoolKinds> slots_;
-  std::array<std::unique_ptr<TableCommandBatch>, kNumPoolKinds> batches_;
-  std::unique_ptr<TableCommandBatch> cross_batch_;
-  std::array<DeviceBuffer<std::uint64_t>, kNumPoolKinds> checksum_dev_;
-  std::array<std::vector<std::uint64_t>, kNumPoolKinds> before_, after_;
+  std::array<std::int32_t, kNumAttentionKinds> pool_{-1, -1, -1};  // step pool index per kind
+  std::array<DeviceBuffer<std::uint64_t>, kNumAttentionKinds> checksum_dev_;
+  std::array<std::vector<std::uint64_t>, kNumAttentionKinds> before_, after_;
   std::vector<Request> live_;
   std::vector<StepRequest> requests_;
   std::vector<std::int32_t> tokens_, prefix_;

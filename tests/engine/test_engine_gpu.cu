@@ -133,6 +133,54 @@ TEST_P(EngineContinuousBatching, GreedyTokensConfirmedByFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EngineContinuousBatching, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "graphs" : "eager"; });
 
+// A model whose layers all use a sliding window has one KV pool, the window pool, and the engine
+// admits by what it really holds: with a window of 32 keys and 48-token prefill chunks a request
+// holds at most 6 pages however long it grows, so 13 pages run two requests at a time (never
+// three) although every request's whole extent would need up to 8 pages. Every request ends with
+// its tokens confirmed by the float64 reference and every page back in the pool.
+TEST_F(EngineGpu, SlidingWindowOnlyModelIsAdmittedByWindowPages) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  ModelConfig config = small_test_config();
+  for (LayerAttention& l : config.layers)
+    l = {AttentionKind::kSliding, window_left_from_hf_sliding_window(32)};
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 48;
+  ec.max_context = 128;
+  ec.sliding_pages = 13;
+  Engine engine(w, ec);
+  ASSERT_EQ(engine.ledger().num_pools(), 1);
+  ASSERT_EQ(engine.ledger().config(0).geometry.kind, AttentionKind::kSliding);
+
+  const int n = testing::sanitize_mode() ? 3 : 8;
+  Collected got;
+  std::map<RequestId, std::vector<std::int32_t>> prompts;
+  for (int r = 0; r < n; ++r) {
+    RequestSpec s;
+    s.prompt =
+        random_prompt(rng, std::uniform_int_distribution<int>(70, 90)(rng), config.vocab_size);
+    s.max_new_tokens = std::uniform_int_distribution<int>(20, 30)(rng);  // extent >= 90: 6 pages
+    const std::vector<std::int32_t> prompt = s.prompt;
+    prompts[engine.submit(std::move(s), collect(got))] = prompt;
+  }
+  std::int32_t most_running = 0;
+  while (engine.step()) {
+    most_running = std::max(most_running, engine.running());
+    ASSERT_LE(engine.running(), 2) << "13 window pages hold two requests";
+    ASSERT_LE(engine.ledger().reserved_pages(0), 12);
+  }
+  EXPECT_EQ(most_running, 2);
+  EXPECT_EQ(engine.stats().finished, n);
+  EXPECT_EQ(engine.ledger().free_pages(0), engine.ledger().usable_pages(0));
+  EXPECT_EQ(engine.ledger().reserved_pages(0), 0);
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_EQ(got.finished[id], 1) << "request " << id;
+    expect_greedy_confirmed(w, prompt, got.tokens[id], "request " + std::to_string(id));
+  }
+}
+
 // Sampled requests: the same submissions give the same tokens run to run; top-k 1 equals greedy on
 // the same prompt; temperature sampling departs from greedy; a stop token ends a request.
 TEST_F(EngineGpu, SamplingIsReproducibleTopK1IsGreedyAndStopTokensStop) {

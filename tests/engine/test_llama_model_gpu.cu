@@ -1,5 +1,7 @@
-// LlamaModel on the device: prefill + decode logits against the float64 CPU reference
-// (llama_reference.h) on the same bf16 weights, and graph replay == eager (same shape) bitwise.
+// LlamaModel on its runtime on the device: prefill + decode logits against the float64 CPU
+// reference (llama_reference.h) on the same bf16 weights; graph replay == eager (same shape)
+// bitwise; a captured target-verify step of N = 4 tokens per request with logits for all 4N rows
+// equal to 4 decode steps'.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,11 +13,12 @@
 #include "common/stream.h"
 #include "engine/generate.h"
 #include "engine/llama_model.h"
+#include "engine/model_step.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
 #include "engine/weights.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
-#include "memory/page_allocator.h"
-#include "memory/request_slots.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -68,83 +71,180 @@ TEST_F(LlamaModelGpu, PrefillAndDecodeMatchFloat64Reference) {
   }
 }
 
+// One model on its runtime, with decode graphs and target-verify graphs of N = 4 tokens per
+// request whose logits cover every row.
+struct Harness {
+  static constexpr std::int32_t kVerifyTokens = 4;
+  RuntimeOptions options;
+  AttentionLayout layout;
+  StepCapacity cap;
+  Stream stream;
+  std::unique_ptr<StepContext> step;
+  std::unique_ptr<ModelRuntime> runtime;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ModelStep> program;
+  std::unique_ptr<StepGraphs> graphs;
+
+  Harness(const HostWeights& w, const RuntimeOptions& o)
+      : options(o), layout(llama_attention_layout(w.config)) {
+    cap = step_capacity(options, std::span<const AttentionLayout>(&layout, 1));
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
+    runtime = std::make_unique<ModelRuntime>(layout, options, *step, 0, stream.get());
+    model = std::make_unique<LlamaModel>(w, options, stream.get());
+    program = std::make_unique<ModelStep>(*runtime, *model);
+    StepGraphsConfig gc;
+    gc.modes = {GraphMode{StepMode::kDecode, 1},
+                GraphMode{StepMode::kTargetVerify, kVerifyTokens, LogitRows::kEveryRow}};
+    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    graphs->capture(stream.get());
+  }
+
+  // One step over `req` (extended in the ledger here) with `ids`; returns the logits rows.
+  StepPath run(StepMode mode, std::int32_t n, LogitRows logits, std::vector<StepRequest>& req,
+               const std::vector<std::int32_t>& ids, std::vector<float>& out) {
+    for (StepRequest& r : req) step->ledger().extend(r.slot, r.extend_len);
+    StepDesc d;
+    d.mode = mode;
+    d.tokens_per_request = n;
+    d.logits = logits;
+    d.requests = req;
+    d.token_ids = ids;
+    step->attach_commands(d);
+    const StepPath path = graphs->step(d, stream.get());
+    step->ledger().clear_commands();
+    const std::size_t rows = logits == LogitRows::kEveryRow ? ids.size() : req.size();
+    out.resize(rows * static_cast<std::size_t>(model->vocab()));
+    GD_CUDA(cudaMemcpyAsync(out.data(), model->logits(), out.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream.get()));
+    GD_CUDA(cudaStreamSynchronize(stream.get()));
+    for (StepRequest& r : req) r.prefix_len += r.extend_len;
+    return path;
+  }
+
+  // Prefills `prompts` (one extend step) and returns their requests.
+  std::vector<StepRequest> prefill(const std::vector<std::vector<std::int32_t>>& prompts) {
+    std::vector<StepRequest> req(prompts.size());
+    std::vector<std::int32_t> ids;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      req[p].slot = step->ledger().acquire();
+      req[p].extend_len = static_cast<std::int32_t>(prompts[p].size());
+      ids.insert(ids.end(), prompts[p].begin(), prompts[p].end());
+    }
+    std::vector<float> unused;
+    run(StepMode::kExtend, 0, LogitRows::kLastPerRequest, req, ids, unused);
+    return req;
+  }
+};
+
+RuntimeOptions harness_options(std::int32_t max_batch) {
+  RuntimeOptions o;
+  o.max_batch = max_batch;
+  o.max_tokens = 64;
+  o.max_logit_rows = max_batch * Harness::kVerifyTokens;
+  o.max_kv_len = 128;
+  return o;
+}
+
 // One decode step replayed from a graph, then the same step run eagerly with the same shape
 // (tables already applied; the K/V it rewrites are the same values): logits bitwise equal.
 TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 11);
   const auto prompts = prompts_for(config);
-  GenerateOptions opt;
-  opt.new_tokens = 2;
-  const LlamaModelOptions mo = generation_model_options(prompts, opt);
-  const StepCapacity cap = llama_step_capacity(config, mo);
-  Stream stream;
-  StepInput input(cap);
-  LlamaModel model(w, mo, input, stream.get());
-  StepGraphsConfig gc;
-  gc.modes = {{StepMode::kDecode, 1}};
-  StepGraphs graphs(input, model, gc);
-  graphs.capture(stream.get());
-
-  std::array<std::unique_ptr<PageAllocator>, kNumPoolKinds> alloc;
-  std::array<std::unique_ptr<RequestSlots>, kNumPoolKinds> slots;
-  std::array<std::unique_ptr<TableCommandBatch>, kNumPoolKinds> cmds;
-  for (int k = 0; k < kNumPoolKinds; ++k) {
-    if (!cap.pools[k].present) continue;
-    alloc[k] = std::make_unique<PageAllocator>(cap.pools[k].geometry.num_pages);
-    slots[k] = std::make_unique<RequestSlots>(cap.pools[k].geometry, *alloc[k]);
-    cmds[k] =
-        std::make_unique<TableCommandBatch>(cap.pools[k].max_commands, cap.pools[k].max_page_ids);
-  }
-  std::vector<StepRequest> req(prompts.size());
+  Harness h(w, harness_options(2));
+  std::vector<StepRequest> req = h.prefill(prompts);
   std::vector<std::int32_t> ids;
   for (std::size_t p = 0; p < prompts.size(); ++p) {
-    for (int k = 0; k < kNumPoolKinds; ++k)
-      if (slots[k]) req[p].slot = slots[k]->acquire();
-    req[p].prefix_len = 0;
-    req[p].extend_len = static_cast<std::int32_t>(prompts[p].size());
-    for (int k = 0; k < kNumPoolKinds; ++k)
-      if (slots[k]) slots[k]->extend(req[p].slot, req[p].extend_len, *cmds[k]);
-    ids.insert(ids.end(), prompts[p].begin(), prompts[p].end());
-  }
-  StepDesc d;
-  d.mode = StepMode::kExtend;
-  d.requests = req;
-  d.token_ids = ids;
-  for (int k = 0; k < kNumPoolKinds; ++k) d.tables[k] = cmds[k].get();
-  graphs.step(d, stream.get());
-  for (auto& c : cmds)
-    if (c) c->clear();
-
-  ids.clear();
-  for (std::size_t p = 0; p < prompts.size(); ++p) {
-    req[p].prefix_len = req[p].extend_len;
     req[p].extend_len = 1;
     ids.push_back(static_cast<std::int32_t>(p + 1));
-    for (int k = 0; k < kNumPoolKinds; ++k)
-      if (slots[k]) slots[k]->extend(req[p].slot, 1, *cmds[k]);
   }
+  std::vector<float> replay, eager;
+  ASSERT_EQ(h.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, req, ids, replay),
+            StepPath::kGraph);
+
+  const GraphKey* key = h.graphs->find(StepMode::kDecode, 1, static_cast<std::int32_t>(req.size()));
+  ASSERT_NE(key, nullptr);
+  for (StepRequest& r : req) r.prefix_len -= 1;  // the same step again, tables already applied
+  StepDesc d;
   d.mode = StepMode::kDecode;
   d.tokens_per_request = 1;
-  d.token_ids = ids;  // the span of the prefill step is stale after ids was refilled
-  ASSERT_EQ(graphs.step(d, stream.get()), StepPath::kGraph);
-  const std::size_t n = prompts.size() * static_cast<std::size_t>(config.vocab_size);
-  std::vector<float> replay(n), eager(n);
-  GD_CUDA(cudaMemcpyAsync(replay.data(), model.logits(), n * sizeof(float), cudaMemcpyDeviceToHost,
-                          stream.get()));
-  GD_CUDA(cudaStreamSynchronize(stream.get()));
-
-  const GraphKey* key = graphs.find(StepMode::kDecode, 1, static_cast<std::int32_t>(req.size()));
-  ASSERT_NE(key, nullptr);
-  for (int k = 0; k < kNumPoolKinds; ++k) d.tables[k] = nullptr;  // already applied
-  input.write(d);
-  input.upload(stream.get());
-  model.enqueue(StepShape{key->bucket, key_token_capacity(*key, cap.max_tokens)}, stream.get());
-  GD_CUDA(cudaMemcpyAsync(eager.data(), model.logits(), n * sizeof(float), cudaMemcpyDeviceToHost,
-                          stream.get()));
-  GD_CUDA(cudaStreamSynchronize(stream.get()));
-  EXPECT_EQ(std::memcmp(replay.data(), eager.data(), n * sizeof(float)), 0);
+  d.requests = req;
+  d.token_ids = ids;
+  h.step->input().write(d);
+  h.step->input().upload(h.stream.get());
+  h.program->enqueue(key_shape(*key, h.cap), h.stream.get());
+  eager.resize(replay.size());
+  GD_CUDA(cudaMemcpyAsync(eager.data(), h.model->logits(), eager.size() * sizeof(float),
+                          cudaMemcpyDeviceToHost, h.stream.get()));
+  GD_CUDA(cudaStreamSynchronize(h.stream.get()));
+  EXPECT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0);
   for (float x : replay) ASSERT_TRUE(std::isfinite(x));
+}
+
+// A target-verify step of N = 4 tokens per request, captured with logits for every row, gives
+// the same 4N logits rows as 4 single-token decode steps over the same tokens (within bf16
+// rounding: the two run GEMMs and attention of different shapes), and matches the float64
+// reference. Three requests in a bucket of 4: the padding row is inert.
+TEST_F(LlamaModelGpu, VerifyStepLogitsForEveryRowEqualFourDecodeSteps) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 23);
+  std::vector<std::vector<std::int32_t>> prompts = prompts_for(config);
+  prompts.push_back(std::vector<std::int32_t>(17));
+  for (std::size_t i = 0; i < prompts[2].size(); ++i)
+    prompts[2][i] = static_cast<std::int32_t>((i * 53 + 11) % config.vocab_size);
+  const std::int32_t n = Harness::kVerifyTokens;
+  const std::size_t batch = prompts.size(), vocab = static_cast<std::size_t>(config.vocab_size);
+  std::vector<std::vector<std::int32_t>> drafts(batch);  // the 4 tokens each request verifies
+  for (std::size_t p = 0; p < batch; ++p)
+    for (std::int32_t i = 0; i < n; ++i)
+      drafts[p].push_back(static_cast<std::int32_t>((p * 97 + i * 31 + 5) % vocab));
+
+  Harness verify(w, harness_options(4)), decode(w, harness_options(4));
+  std::vector<StepRequest> vreq = verify.prefill(prompts), dreq = decode.prefill(prompts);
+  std::vector<std::int32_t> ids;
+  for (std::size_t p = 0; p < batch; ++p) {
+    vreq[p].extend_len = n;
+    ids.insert(ids.end(), drafts[p].begin(), drafts[p].end());
+  }
+  std::vector<float> all;
+  ASSERT_EQ(verify.run(StepMode::kTargetVerify, n, LogitRows::kEveryRow, vreq, ids, all),
+            StepPath::kGraph);
+  ASSERT_EQ(all.size(), batch * n * vocab);
+  ASSERT_NE(verify.graphs->find(StepMode::kTargetVerify, n, 3, LogitRows::kEveryRow), nullptr);
+
+  for (std::int32_t i = 0; i < n; ++i) {
+    std::vector<std::int32_t> one;
+    for (std::size_t p = 0; p < batch; ++p) {
+      dreq[p].extend_len = 1;
+      one.push_back(drafts[p][i]);
+    }
+    std::vector<float> step;
+    ASSERT_EQ(decode.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, dreq, one, step),
+              StepPath::kGraph);
+    for (std::size_t p = 0; p < batch; ++p) {
+      const float* got = &all[(p * n + static_cast<std::size_t>(i)) * vocab];
+      const float* want = &step[p * vocab];
+      double max_ref = 0, max_err = 0;
+      for (std::size_t v = 0; v < vocab; ++v) {
+        ASSERT_TRUE(std::isfinite(got[v]));
+        max_ref = std::max(max_ref, static_cast<double>(std::abs(want[v])));
+        max_err = std::max(max_err, static_cast<double>(std::abs(got[v] - want[v])));
+      }
+      EXPECT_LE(max_err, 0.02 * max_ref + 1e-4)
+          << "request " << p << " row " << i << ": verify vs decode, max_err " << max_err;
+      if (i == n - 1 || p == 0) {  // and both against the float64 reference
+        std::vector<std::int32_t> seq = prompts[p];
+        seq.insert(seq.end(), drafts[p].begin(), drafts[p].begin() + i + 1);
+        const std::vector<double> ref = testing::reference_last_logits(w, seq);
+        double err = 0, top = 0;
+        for (std::size_t v = 0; v < vocab; ++v) {
+          top = std::max(top, std::abs(ref[v]));
+          err = std::max(err, std::abs(got[v] - ref[v]));
+        }
+        EXPECT_LE(err, 0.05 * top + 1e-4) << "request " << p << " row " << i << " vs float64";
+      }
+    }
+  }
 }
 
 }  // namespace

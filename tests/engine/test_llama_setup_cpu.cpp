@@ -1,5 +1,6 @@
 // Host-side setup of the model (no GPU): weight arena layout and packing (fused qkv / gate_up),
-// the attention-stack view of a config, RoPE parameters, greedy argmax and generation options.
+// the attention layout of a config and the step capacity of one or two models, RoPE parameters,
+// greedy argmax and generation options.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -42,27 +43,45 @@ TEST(LlamaSetup, TiedEmbeddingSharesTheArena) {
   EXPECT_EQ(a.lm_head, a.embed);
 }
 
-TEST(LlamaSetup, StackConfigFollowsLayerKinds) {
+TEST(LlamaSetup, AttentionLayoutFollowsLayerKinds) {
   const ModelConfig c = small_test_config();
-  LlamaModelOptions o;
-  const AttentionStackConfig s = llama_stack_config(c, o);
-  ASSERT_EQ(s.layers.size(), c.layers.size());
+  const AttentionLayout a = llama_attention_layout(c);
+  ASSERT_EQ(a.layers.size(), c.layers.size());
   for (std::size_t l = 0; l < c.layers.size(); ++l) {
-    EXPECT_EQ(s.layers[l] == AttentionKind::kSliding, c.layers[l].kind == AttentionKind::kSliding);
+    EXPECT_EQ(a.layers[l], c.layers[l].kind);
     if (c.layers[l].kind == AttentionKind::kSliding)
-      EXPECT_EQ(s.window_left, c.layers[l].window_left);
+      EXPECT_EQ(a.window_left, c.layers[l].window_left);
   }
-  const StepCapacity cap = llama_step_capacity(c, o);
-  EXPECT_TRUE(cap.pools[pool_index(AttentionKind::kFull)].present);
-  EXPECT_TRUE(cap.pools[pool_index(AttentionKind::kSliding)].present);
-  EXPECT_FALSE(cap.pools[pool_index(AttentionKind::kCross)].present);
+  RuntimeOptions o;
+  const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&a, 1));
+  ASSERT_EQ(cap.num_pools(), 2);
+  EXPECT_EQ(cap.pools[0].geometry.kind, AttentionKind::kFull);
+  EXPECT_EQ(cap.pools[1].geometry.kind, AttentionKind::kSliding);
+  EXPECT_EQ(cap.pools[1].geometry.window_left, a.window_left);
+}
+
+// A target and a draft in one step: the draft's pools follow the target's, owned by model 1.
+TEST(LlamaSetup, TwoModelsInOneStepEachHaveTheirPools) {
+  const AttentionLayout target = llama_attention_layout(small_test_config());
+  AttentionLayout draft = target;
+  draft.layers = {AttentionKind::kFull};
+  RuntimeOptions o;
+  const AttentionLayout models[] = {target, draft};
+  const StepCapacity cap = step_capacity(o, models);
+  ASSERT_EQ(cap.num_pools(), 3);
+  EXPECT_EQ(cap.pools[2].geometry.kind, AttentionKind::kFull);
+  EXPECT_EQ(cap.pools[2].model, 1);
+  const std::vector<LedgerPool> pools = ledger_pools(cap, o);
+  ASSERT_EQ(pools.size(), 3u);
+  EXPECT_EQ(pools[2].group, 1);
+  EXPECT_EQ(pool_config(draft, o, AttentionKind::kFull).shape.num_layers, 1);
 }
 
 TEST(LlamaSetup, DifferentWindowsAreRefused) {
   ModelConfig c = small_test_config();
   c.layers[0] = {AttentionKind::kSliding, 7};
   c.layers[1] = {AttentionKind::kSliding, 15};
-  EXPECT_THROW(llama_stack_config(c, {}), Error);
+  EXPECT_THROW(llama_attention_layout(c), Error);
 }
 
 TEST(LlamaSetup, RopeConfigCarriesLlama3Scaling) {
@@ -86,7 +105,7 @@ TEST(LlamaSetup, GenerationOptionsFitThePrompts) {
   const std::vector<std::vector<std::int32_t>> p = {{1, 2, 3}, {4, 5, 6, 7, 8}};
   GenerateOptions g;
   g.new_tokens = 10;
-  const LlamaModelOptions o = generation_model_options(p, g);
+  const RuntimeOptions o = generation_runtime_options(p, g);
   EXPECT_EQ(o.max_batch, 2);
   EXPECT_EQ(o.max_tokens, 8);
   EXPECT_EQ(o.max_kv_len, 15);

@@ -15,6 +15,7 @@ namespace graphdecode::testing {
 struct GeneratedStep {
   StepMode mode = StepMode::kDecode;
   std::int32_t tokens_per_request = 0;
+  LogitRows logits = LogitRows::kLastPerRequest;
   std::vector<StepRequest> requests;
   std::vector<std::int32_t> token_ids;
 
@@ -22,6 +23,7 @@ struct GeneratedStep {
     StepDesc d;
     d.mode = mode;
     d.tokens_per_request = tokens_per_request;
+    d.logits = logits;
     d.requests = requests;
     d.token_ids = token_ids;
     return d;
@@ -35,6 +37,7 @@ inline StepCapacity small_capacity() {
   c.max_slots = 64;
   c.max_kv_len = 4096;
   c.max_encoder_len = 600;
+  c.max_logit_rows = 300;  // every row of any step may get logits
   return c;
 }
 
@@ -43,6 +46,7 @@ inline GeneratedStep random_step(std::mt19937& rng, const StepCapacity& cap, Ste
                                  std::int32_t n) {
   GeneratedStep s;
   s.mode = mode;
+  s.logits = static_cast<LogitRows>(rng() % kNumLogitRows);
   const std::int32_t tokens_left = cap.max_tokens;
   const std::int32_t per = std::max<std::int32_t>(1, tokens_left / std::max(n, 1));
   std::uniform_int_distribution<std::int32_t> pick_n(1, std::min<std::int32_t>(8, per));

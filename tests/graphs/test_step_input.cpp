@@ -18,12 +18,14 @@ using testing::GeneratedStep;
 using testing::random_step;
 using testing::small_capacity;
 
+// The target's three kinds of pool, then a draft model's full pool.
 StepCapacity with_pools() {
   StepCapacity c = small_capacity();
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < 4; ++k) {
     StepPoolCapacity& p = c.pools[k];
     p.present = true;
-    p.geometry.kind = static_cast<AttentionKind>(k);
+    p.model = k / 3;
+    p.geometry.kind = static_cast<AttentionKind>(k % 3);
     p.geometry.page_size = 16;
     p.geometry.num_pages = 100;
     p.geometry.max_slots = c.max_slots;
@@ -65,7 +67,7 @@ TEST(StepLayout, SectionsAreDisjointAlignedAndInsideTheImage) {
   std::vector<std::pair<std::size_t, std::size_t>> s = {
       {0, StepLayout::kHeaderWords}, {l.slot, 40},      {l.prefix_len, 40}, {l.extend_len, 40},
       {l.encoder_len, 40},           {l.token_ids, 300}};
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < cap.num_pools(); ++k) {
     s.push_back({l.commands[k], 8 * 5});
     s.push_back({l.page_ids[k], 32});
   }
@@ -233,7 +235,7 @@ TEST(StepInputWriter, RejectsBadFieldsNamingThemAndLeavesTheImage) {
     GeneratedStep s = good_step();
     StepDesc d = s.desc();
     d.tables[1] = &big;
-    expect_rejected(w, d, "pools[sliding].commands", "9");
+    expect_rejected(w, d, "pools[1].commands", "9");
   }
   {
     TableCommandBatch bad(8, 32);
@@ -309,8 +311,50 @@ TEST(StepCapacity, ValidatesFields) {
     c.validate();
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_EQ(e.field(), "pools[sliding].geometry.max_slots");
+    EXPECT_EQ(e.field(), "pools[1].geometry.max_slots");
   }
+}
+
+TEST(StepCapacity, PoolsComeFirstInModelOrder) {
+  StepCapacity c = with_pools();
+  c.pools[1].present = false;  // a gap before pools 2 and 3
+  try {
+    c.validate();
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "pools[2].present");
+  }
+  c = with_pools();
+  c.pools[2].model = 2;  // after it, pool 3 of model 1
+  try {
+    c.validate();
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "pools[3].model");
+  }
+  EXPECT_EQ(with_pools().num_pools(), 4);
+}
+
+TEST(StepInputWriter, LogitRowsAreStoredAndBoundedByCapacity) {
+  StepCapacity cap = with_pools();
+  cap.max_batch = 4;
+  cap.max_logit_rows = 5;  // fewer than the good step's 6 tokens
+  const StepImageWriter w(cap);
+  GeneratedStep s = good_step();
+  s.logits = LogitRows::kChosenPerRequest;
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(s.desc(), image);
+  EXPECT_EQ(image[StepLayout::kLogitRows], static_cast<std::int32_t>(LogitRows::kChosenPerRequest));
+  s.logits = LogitRows::kEveryRow;
+  expect_rejected(w, s.desc(), "logits", "every-row");
+  StepDesc d = s.desc();
+  d.logits = static_cast<LogitRows>(5);
+  expect_rejected(w, d, "logits", "5");
+  cap.max_logit_rows = 6;
+  const StepImageWriter wide(cap);
+  s.logits = LogitRows::kEveryRow;
+  wide.write(s.desc(), image);
+  EXPECT_EQ(image[StepLayout::kLogitRows], static_cast<std::int32_t>(LogitRows::kEveryRow));
 }
 
 TEST(StepInputWriter, AcceptsRandomStepsOfEveryMode) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/buffers.h"
 #include "common/stream.h"
 #include "graphs/cuda_graph.h"
 #include "graphs/step_prep.h"
@@ -21,6 +22,9 @@ using testing::random_step;
 
 class StepPrepGpu : public testing::GpuTest {};
 
+// A target's three kinds of pool and a draft's full and sliding pools.
+constexpr int kPools = 5;
+
 StepCapacity capacity_with_pools(std::int32_t max_batch, std::int32_t max_tokens) {
   StepCapacity c;
   c.max_batch = max_batch;
@@ -28,15 +32,17 @@ StepCapacity capacity_with_pools(std::int32_t max_batch, std::int32_t max_tokens
   c.max_slots = max_batch + 24;
   c.max_kv_len = 5000;
   c.max_encoder_len = 700;
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  c.max_logit_rows = max_tokens;
+  for (int k = 0; k < kPools; ++k) {
     StepPoolCapacity& p = c.pools[k];
     p.present = true;
-    p.geometry.kind = static_cast<AttentionKind>(k);
+    p.model = k / 3;
+    p.geometry.kind = static_cast<AttentionKind>(k % 3);
     p.geometry.page_size = 16;
     p.geometry.num_pages = 500;
     p.geometry.max_slots = c.max_slots;
     p.geometry.max_pages_per_slot = 320;
-    p.geometry.window_left = k == 1 ? 127 : -1;
+    p.geometry.window_left = k % 3 == 1 ? 127 : -1;
     p.max_commands = 64;
     p.max_page_ids = 256;
   }
@@ -69,19 +75,23 @@ struct Harness {
   std::vector<std::vector<std::int32_t>> host_tables;
   std::unique_ptr<StepInput> input;
   std::unique_ptr<StepPrep> prep;
+  std::vector<std::int32_t> chosen;       // [max_batch] kChosenPerRequest offsets (host)
+  DeviceBuffer<std::int32_t> chosen_dev;  // the same on the device, bound to the prep
 
   explicit Harness(const StepCapacity& c) : cap(c) {
-    StepPrepTables t;
-    for (int k = 0; k < kNumPoolKinds; ++k) {
+    for (int k = 0; k < kPools; ++k) {
       tables.emplace_back(cap.pools[k].geometry, 1, 0, stream.get());
       host_tables.emplace_back(static_cast<std::size_t>(cap.max_slots) *
                                cap.pools[k].geometry.max_pages_per_slot);
       init_page_table_host(cap.pools[k].geometry, host_tables.back());
     }
-    for (int k = 0; k < kNumPoolKinds; ++k) t.table[k] = tables[k].data();
     stream.synchronize();
     input = std::make_unique<StepInput>(cap);
-    prep = std::make_unique<StepPrep>(*input, t);
+    prep = std::make_unique<StepPrep>(*input);
+    for (int k = 0; k < kPools; ++k) prep->bind_table(k, tables[k].data());
+    chosen.assign(static_cast<std::size_t>(cap.max_batch), 0);
+    chosen_dev = DeviceBuffer<std::int32_t>(chosen.size());
+    prep->set_chosen_rows(chosen_dev.data());
   }
 
   // Checks the device metadata block and tables against the CPU path for the last written step.
@@ -89,10 +99,10 @@ struct Harness {
     std::vector<std::int32_t> gpu(prep->layout().total_words);
     prep->download(gpu, stream);
     std::vector<std::int32_t> cpu(prep->layout().total_words, 0);
-    prep_step_host(input->host_view(), cap.max_batch, cap.max_tokens, cpu);
+    prep_step_host(input->host_view(), cap, cpu, nullptr, chosen.data());
     const StepMetaLayout& l = prep->layout();
     const std::pair<const char*, std::pair<std::size_t, std::size_t>> fields[] = {
-        {"scalars", {0, 8}},
+        {"scalars", {0, StepMetaLayout::kScalarWords}},
         {"slot", {l.slot, static_cast<std::size_t>(cap.max_batch)}},
         {"q_start", {l.q_start, static_cast<std::size_t>(cap.max_batch) + 1}},
         {"kv_len", {l.kv_len, static_cast<std::size_t>(cap.max_batch)}},
@@ -103,6 +113,7 @@ struct Harness {
         {"token_slot", {l.token_slot, static_cast<std::size_t>(cap.max_tokens)}},
         {"token_position", {l.token_position, static_cast<std::size_t>(cap.max_tokens)}},
         {"token_id", {l.token_id, static_cast<std::size_t>(cap.max_tokens)}},
+        {"logit_row", {l.logit_row, static_cast<std::size_t>(cap.resolved_max_logit_rows())}},
     };
     for (const auto& [name, range] : fields) {
       for (std::size_t i = 0; i < range.second; ++i) {
@@ -110,10 +121,10 @@ struct Harness {
             << what << ": field " << name << "[" << i << "]";
       }
     }
-    for (int k = 0; k < kNumPoolKinds; ++k) {
+    for (int k = 0; k < kPools; ++k) {
       std::vector<std::int32_t> dev(host_tables[k].size());
       tables[k].download(dev, stream);
-      ASSERT_EQ(dev, host_tables[k]) << what << ": page table of pool kind " << k;
+      ASSERT_EQ(dev, host_tables[k]) << what << ": page table of pool " << k;
     }
   }
 
@@ -123,19 +134,22 @@ struct Harness {
                     std::vector<TableCommandBatch>& batches) {
     const GeneratedStep s = random_step(rng, cap, mode, n);
     StepDesc d = s.desc();
-    for (int k = 0; k < kNumPoolKinds; ++k) {
+    for (int k = 0; k < kPools; ++k) {
       random_commands(rng, cap.pools[k], batches[k]);
       d.tables[k] = &batches[k];
       apply_table_commands_host(batches[k].commands(), batches[k].page_ids(), cap.pools[k].geometry,
                                 host_tables[k]);
     }
     input->write(d);
+    // Offsets past either end of a request's rows are clamped.
+    for (auto& c : chosen) c = static_cast<std::int32_t>(rng() % 12) - 2;
+    chosen_dev.upload(chosen.data(), chosen.size(), stream);
   }
 };
 
 std::vector<TableCommandBatch> make_batches(const StepCapacity& cap) {
   std::vector<TableCommandBatch> b;
-  for (int k = 0; k < kNumPoolKinds; ++k) {
+  for (int k = 0; k < kPools; ++k) {
     b.emplace_back(cap.pools[k].max_commands, cap.pools[k].max_page_ids);
   }
   return b;
@@ -165,7 +179,7 @@ TEST_F(StepPrepGpu, CapturedPrepReplaysEveryStep) {
   std::vector<TableCommandBatch> batches = make_batches(h.cap);
   std::mt19937 rng(99);
   const CudaGraph g = CudaGraph::capture(h.stream, [&] { h.prep->enqueue(h.stream); });
-  EXPECT_EQ(g.num_nodes(), 4u);  // three table applies + the metadata kernel
+  EXPECT_EQ(g.num_nodes(), 6u);  // five table applies + the metadata kernel
   for (int i = 0; i < 40; ++i) {
     const auto mode = static_cast<StepMode>((i * 7) % kNumStepModes);
     const std::int32_t n = 1 + static_cast<std::int32_t>(rng() % 64);

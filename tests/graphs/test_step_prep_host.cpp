@@ -29,10 +29,9 @@ Prepared prepare(const StepCapacity& cap, const GeneratedStep& s) {
   std::vector<std::int32_t> image(w.layout().total_words, 0);
   w.write(s.desc(), image);
   Prepared p;
-  p.layout = StepMetaLayout::compute(cap.max_batch, cap.max_tokens);
+  p.layout = StepMetaLayout::compute(cap);
   p.block.assign(p.layout.total_words, -99);
-  prep_step_host(StepInputView::over(image.data(), w.layout()), cap.max_batch, cap.max_tokens,
-                 p.block);
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap, p.block);
   p.view = StepMetaView::over(p.block.data(), p.layout);
   return p;
 }
@@ -47,17 +46,15 @@ TEST(StepPrepHost, DeviceTokenSentinelReadsTheSlotsFeedbackToken) {
   s.token_ids = {step_rules::kTokenFromDevice, 33, step_rules::kTokenFromDevice};
   std::vector<std::int32_t> image(w.layout().total_words, 0);
   w.write(s.desc(), image);
-  const StepMetaLayout layout = StepMetaLayout::compute(cap.max_batch, cap.max_tokens);
+  const StepMetaLayout layout = StepMetaLayout::compute(cap);
   std::vector<std::int32_t> block(layout.total_words, -99);
   std::vector<std::int32_t> feedback(static_cast<std::size_t>(cap.max_slots));
   for (std::size_t i = 0; i < feedback.size(); ++i) feedback[i] = 1000 + static_cast<int>(i);
-  prep_step_host(StepInputView::over(image.data(), w.layout()), cap.max_batch, cap.max_tokens,
-                 block, feedback.data());
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap, block, feedback.data());
   const StepMetaView m = StepMetaView::over(block.data(), layout);
   EXPECT_EQ(std::vector<int>(m.token_id, m.token_id + 4), (std::vector<int>{1007, 33, 1009, 0}));
   // No feedback buffer: the sentinel becomes the padding token, never a negative id.
-  prep_step_host(StepInputView::over(image.data(), w.layout()), cap.max_batch, cap.max_tokens,
-                 block);
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap, block);
   EXPECT_EQ(m.token_id[0], step_rules::kPaddingTokenId);
 }
 
@@ -65,6 +62,7 @@ TEST(StepPrepHost, DraftExtendV2HandChecked) {
   StepCapacity cap = small_capacity();
   cap.max_batch = 4;
   cap.max_tokens = 8;
+  cap.max_logit_rows = 0;  // one per request
   GeneratedStep s;
   s.mode = StepMode::kDraftExtendV2;
   s.tokens_per_request = 3;
@@ -95,6 +93,43 @@ TEST(StepPrepHost, DraftExtendV2HandChecked) {
             (std::vector<int>{10, 11, 12, 0, 0, 0, 0, 0}));
   EXPECT_EQ(std::vector<int>(m.token_id, m.token_id + 8),
             (std::vector<int>{11, 12, 13, 21, 0, 0, 0, 0}));
+  // Logits rows: the last new row of each request, padding rows at kPaddingLogitRow.
+  EXPECT_EQ(m.scalars[StepMetaLayout::kNumLogitRows], 2);
+  EXPECT_EQ(m.scalars[StepMetaLayout::kLogitRows], 0);
+  EXPECT_EQ(std::vector<int>(m.logit_row, m.logit_row + 4), (std::vector<int>{2, 3, 0, 0}));
+}
+
+TEST(StepPrepHost, LogitRowsEveryRowAndChosenHandChecked) {
+  StepCapacity cap = small_capacity();
+  cap.max_batch = 4;
+  cap.max_tokens = 12;
+  cap.max_logit_rows = 12;
+  GeneratedStep s;
+  s.mode = StepMode::kTargetVerify;
+  s.tokens_per_request = 3;
+  s.requests = {{7, 10, 3, 0}, {2, 0, 3, 0}, {5, 4, 3, 0}};
+  s.token_ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  s.logits = LogitRows::kEveryRow;
+  const Prepared every = prepare(cap, s);
+  EXPECT_EQ(every.view.scalars[StepMetaLayout::kNumLogitRows], 9);
+  EXPECT_EQ(std::vector<int>(every.view.logit_row, every.view.logit_row + 12),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0}));
+
+  // Chosen: offsets 0, 7 (clamped to the request's last row 2) and -1 (clamped to 0).
+  s.logits = LogitRows::kChosenPerRequest;
+  const StepImageWriter w(cap);
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(s.desc(), image);
+  const StepMetaLayout layout = StepMetaLayout::compute(cap);
+  std::vector<std::int32_t> block(layout.total_words, -99);
+  const std::int32_t chosen[4] = {0, 7, -1, 2};
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap, block, nullptr, chosen);
+  const StepMetaView m = StepMetaView::over(block.data(), layout);
+  EXPECT_EQ(m.scalars[StepMetaLayout::kNumLogitRows], 3);
+  EXPECT_EQ(std::vector<int>(m.logit_row, m.logit_row + 4), (std::vector<int>{0, 5, 6, 0}));
+  // Without a chosen array, the last row of each request.
+  prep_step_host(StepInputView::over(image.data(), w.layout()), cap, block);
+  EXPECT_EQ(std::vector<int>(m.logit_row, m.logit_row + 4), (std::vector<int>{2, 5, 8, 0}));
 }
 
 TEST(StepPrepHost, InvariantsOnRandomStepsOfEveryMode) {
@@ -134,6 +169,15 @@ TEST(StepPrepHost, InvariantsOnRandomStepsOfEveryMode) {
     }
     const int max_kv = *std::max_element(m.kv_len, m.kv_len + cap.max_batch);
     ASSERT_EQ(m.scalars[StepMetaLayout::kMaxKvLen], max_kv);
+    const auto tokens = static_cast<std::int32_t>(s.token_ids.size());
+    const std::int32_t logits = s.logits == LogitRows::kEveryRow ? tokens : n;
+    ASSERT_EQ(m.scalars[StepMetaLayout::kNumLogitRows], logits);
+    for (std::int32_t i = 0; i < cap.resolved_max_logit_rows(); ++i) {
+      const std::int32_t want = i >= logits                        ? step_rules::kPaddingLogitRow
+                                : s.logits == LogitRows::kEveryRow ? i
+                                                                   : m.q_start[i + 1] - 1;
+      ASSERT_EQ(m.logit_row[i], want) << "logits row " << i;
+    }
   }
 }
 
@@ -147,17 +191,17 @@ TEST(StepRules, RequestOfTokenFindsTheOwner) {
 
 TEST(StepRules, ExtendLengthPerMode) {
   using namespace step_rules;
-  EXPECT_TRUE(extend_len_allowed(kModeDecode, 1, 1));
-  EXPECT_FALSE(extend_len_allowed(kModeDecode, 1, 2));
-  EXPECT_TRUE(extend_len_allowed(kModeTargetVerify, 4, 4));
-  EXPECT_FALSE(extend_len_allowed(kModeTargetVerify, 4, 3));
-  EXPECT_TRUE(extend_len_allowed(kModeDraftExtendV2, 4, 1));
-  EXPECT_TRUE(extend_len_allowed(kModeDraftExtendV2, 4, 4));
-  EXPECT_FALSE(extend_len_allowed(kModeDraftExtendV2, 4, 5));
-  EXPECT_FALSE(extend_len_allowed(kModeDraftExtendV2, 4, 0));
-  EXPECT_TRUE(extend_len_allowed(kModeExtend, 0, 300));
-  EXPECT_FALSE(extend_len_allowed(kModeExtend, 0, 0));
-  EXPECT_FALSE(extend_len_allowed(9, 1, 1));
+  EXPECT_TRUE(extend_len_allowed(StepMode::kDecode, 1, 1));
+  EXPECT_FALSE(extend_len_allowed(StepMode::kDecode, 1, 2));
+  EXPECT_TRUE(extend_len_allowed(StepMode::kTargetVerify, 4, 4));
+  EXPECT_FALSE(extend_len_allowed(StepMode::kTargetVerify, 4, 3));
+  EXPECT_TRUE(extend_len_allowed(StepMode::kDraftExtendV2, 4, 1));
+  EXPECT_TRUE(extend_len_allowed(StepMode::kDraftExtendV2, 4, 4));
+  EXPECT_FALSE(extend_len_allowed(StepMode::kDraftExtendV2, 4, 5));
+  EXPECT_FALSE(extend_len_allowed(StepMode::kDraftExtendV2, 4, 0));
+  EXPECT_TRUE(extend_len_allowed(StepMode::kExtend, 0, 300));
+  EXPECT_FALSE(extend_len_allowed(StepMode::kExtend, 0, 0));
+  EXPECT_FALSE(extend_len_allowed(static_cast<StepMode>(9), 1, 1));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Deterministic synthetic activations for the attention stack (graphs/attention_stack.h) and its
+// Deterministic synthetic activations for the attention stack (attention_stack.h) and its
 // float64 reference: every query, key and value element is a hash of what identifies it, so the
 // CPU reference rebuilds every cached key and value from (token id, position) history alone.
 //

@@ -1,0 +1,74 @@
+// One model's per-step device state: its KV pools (one per attention kind its layers use) and one
+// attention planner per kind, over the StepContext (step input, prep, ledger) that every model
+// of the step shares. A model's forward asks it for each layer's attention context; it never
+// touches pools, tables or plans itself.
+//
+// In a step: StepContext's prep (table commands of every pool + metadata) -> plan() of every
+// runtime (one plan per attention kind) -> each model's layers call attend().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "attention/paged_attention.h"
+#include "common/buffers.h"
+#include "engine/runtime/runtime_config.h"
+#include "engine/runtime/step_context.h"
+#include "memory/kv_pool.h"
+
+namespace graphdecode {
+
+// What one layer needs from the runtime: where its K/V live and how to attend over them.
+struct AttentionContext {
+  AttentionKind kind = AttentionKind::kFull;
+  PagedKvView kv;              // this layer's K/V in its pool (page table included)
+  std::int32_t max_slots = 0;  // rows of the pool's page table (the K/V write bounds check)
+  const AttentionBatch* batch =
+      nullptr;  // the step's batch for this kind (window applied for sliding)
+  const PagedAttention* attention = nullptr;
+};
+
+class ModelRuntime {
+ public:
+  // The pools of model `model` of `step`'s capacity (their geometry must be this layout's under
+  // `options`): allocates them and their planners on `stream` and binds their page tables to the
+  // step's prep. `step` must outlive the runtime.
+  ModelRuntime(const AttentionLayout& layout, const RuntimeOptions& options, StepContext& step,
+               std::int32_t model, cudaStream_t stream);
+  ModelRuntime(const ModelRuntime&) = delete;
+  ModelRuntime& operator=(const ModelRuntime&) = delete;
+
+  // Capture-safe: one plan per attention kind present; after the step's prep, before any layer.
+  void plan(cudaStream_t stream) const;
+  AttentionContext layer(std::int32_t layer) const;
+  // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype).
+  // `prior`: what the kernel just before may still write (paged_attention.h).
+  void attend(std::int32_t layer, const void* q, void* out, cudaStream_t stream,
+              PriorWrites prior = PriorWrites::kAnything) const;
+
+  const AttentionLayout& layout() const noexcept { return layout_; }
+  std::int32_t model() const noexcept { return model_; }
+  StepContext& step() const noexcept { return step_; }
+  const StepMetaView& meta() const noexcept { return step_.prep().device(); }
+  bool has_pool(AttentionKind k) const noexcept { return pools_[kind_index(k)] != nullptr; }
+  const KvPool& pool(AttentionKind k) const;
+  KvPool& pool(AttentionKind k);
+  // Index of this model's pool of kind `k` in the step capacity (and the ledger).
+  std::int32_t pool_index(AttentionKind k) const;
+
+ private:
+  AttentionLayout layout_;
+  StepContext& step_;
+  std::int32_t model_ = 0;
+  std::array<std::unique_ptr<KvPool>, kNumAttentionKinds> pools_;
+  std::array<std::int32_t, kNumAttentionKinds> pool_index_{-1, -1, -1};
+  std::array<std::unique_ptr<PagedAttention>, kNumAttentionKinds> attention_;
+  std::array<AttentionBatch, kNumAttentionKinds> batch_{};
+  std::vector<std::int32_t> layer_in_pool_;  // [num_layers] index of the layer inside its pool
+  DeviceBuffer<std::int32_t> window_left_;   // [1] the sliding layers' window
+};
+
+}  // namespace graphdecode

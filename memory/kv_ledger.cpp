@@ -1,0 +1,254 @@
+#include "memory/kv_ledger.h"
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "common/error.h"
+#include "common/request_rules.h"
+
+namespace graphdecode {
+namespace {
+
+std::string pool_name(std::int32_t i, const PoolGeometry& g) {
+  return "pools[" + std::to_string(i) + "] (" + std::string(attention_kind_name(g.kind)) + ")";
+}
+
+}  // namespace
+
+KvLedger::KvLedger(std::span<const LedgerPool> pools) : pools_(pools.begin(), pools.end()) {
+  GD_REQUIRE(!pools_.empty(), "pools", 0, "a ledger needs at least one pool");
+  const std::int32_t max_slots = pools_[0].geometry.max_slots;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    const LedgerPool& p = pools_[i];
+    const auto at = static_cast<std::int32_t>(i);
+    p.geometry.validate();
+    GD_REQUIRE(p.geometry.max_slots == max_slots, pool_name(at, p.geometry) + ".max_slots",
+               p.geometry.max_slots, "every pool of a ledger has the same slots");
+    GD_REQUIRE(p.max_commands >= RequestSlots::kMaxCommandsPerOp,
+               pool_name(at, p.geometry) + ".max_commands", p.max_commands,
+               "a step must fit at least one extend");
+    GD_REQUIRE(p.geometry.kind != AttentionKind::kSliding || p.max_step_tokens >= 1,
+               pool_name(at, p.geometry) + ".max_step_tokens", p.max_step_tokens,
+               "a sliding pool needs the most tokens a request adds in one step");
+    alloc_.push_back(std::make_unique<PageAllocator>(p.geometry.num_pages));
+    slots_.push_back(std::make_unique<RequestSlots>(p.geometry, *alloc_.back()));
+    cmds_.push_back(std::make_unique<TableCommandBatch>(p.max_commands, p.max_page_ids));
+  }
+  reserved_.assign(pools_.size(), 0);
+  reservation_.assign(static_cast<std::size_t>(max_slots) * pools_.size(), -1);
+  need_.assign(pools_.size(), 0);
+}
+
+const LedgerPool& KvLedger::config(std::int32_t pool) const {
+  GD_REQUIRE(pool >= 0 && pool < num_pools(), "pool", pool, "not a pool of this ledger");
+  return pools_[static_cast<std::size_t>(pool)];
+}
+
+const RequestSlots& KvLedger::slots(std::int32_t pool) const {
+  config(pool);
+  return *slots_[static_cast<std::size_t>(pool)];
+}
+
+const TableCommandBatch& KvLedger::commands(std::int32_t pool) const {
+  config(pool);
+  return *cmds_[static_cast<std::size_t>(pool)];
+}
+
+void KvLedger::shuffle_free_pages(std::int32_t pool, std::uint64_t seed) {
+  config(pool);
+  PageAllocator& a = *alloc_[static_cast<std::size_t>(pool)];
+  std::vector<std::int32_t> pages = a.allocate(a.free_pages());
+  std::shuffle(pages.begin(), pages.end(), std::mt19937_64(seed));
+  a.release(pages);
+}
+
+void KvLedger::clear_commands() {
+  for (auto& c : cmds_) c->clear();
+}
+
+void KvLedger::clear_commands(std::int32_t pool) {
+  config(pool);
+  cmds_[static_cast<std::size_t>(pool)]->clear();
+}
+
+bool KvLedger::self_pool_of(std::int32_t pool, std::int32_t group) const {
+  const LedgerPool& p = pools_[static_cast<std::size_t>(pool)];
+  return p.geometry.kind != AttentionKind::kCross && (group == kAllGroups || p.group == group);
+}
+
+std::int32_t KvLedger::require_slot(std::int32_t slot, const char* what) const {
+  GD_REQUIRE(slots_[0]->is_active(slot), "slot", slot,
+             std::string(what) + ": not an active request slot");
+  return slot;
+}
+
+std::int32_t KvLedger::pages_needed(std::int32_t pool, const KvReservation& r) const {
+  const PoolGeometry& g = config(pool).geometry;
+  GD_REQUIRE(r.max_tokens >= 0, "max_tokens", r.max_tokens, "cannot be negative");
+  GD_REQUIRE(r.encoder_len >= 0, "encoder_len", r.encoder_len, "cannot be negative");
+  switch (g.kind) {
+    case AttentionKind::kFull:
+      return pages_for_tokens(r.max_tokens, g.page_size);
+    case AttentionKind::kSliding:
+      return std::min(
+          pages_for_tokens(r.max_tokens, g.page_size),
+          swa_pages_per_request(
+              g.window_left, pools_[static_cast<std::size_t>(pool)].max_step_tokens, g.page_size));
+    case AttentionKind::kCross:
+      return pages_for_tokens(r.encoder_len, g.page_size);
+  }
+  return 0;
+}
+
+std::int32_t KvLedger::usable_pages(std::int32_t pool) const {
+  return config(pool).geometry.num_pages - 1;
+}
+std::int32_t KvLedger::free_pages(std::int32_t pool) const {
+  config(pool);
+  return alloc_[static_cast<std::size_t>(pool)]->free_pages();
+}
+std::int32_t KvLedger::reserved_pages(std::int32_t pool) const {
+  config(pool);
+  return reserved_[static_cast<std::size_t>(pool)];
+}
+std::int32_t KvLedger::pages_held(std::int32_t pool, std::int32_t slot) const {
+  return slots(pool).pages_held(slot);
+}
+
+void KvLedger::require_fits(const KvReservation& r) const {
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const std::int32_t need = pages_needed(i, r);
+    GD_REQUIRE(need <= usable_pages(i), "kv_pages_needed", need,
+               "the request can never fit " + pool_name(i, pools_[i].geometry) + " of " +
+                   std::to_string(usable_pages(i)) + " pages");
+  }
+}
+
+std::optional<std::int32_t> KvLedger::try_admit(const KvReservation& r) {
+  if (slots_[0]->active_slots() >= pools_[0].geometry.max_slots - 1) return std::nullopt;
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    need_[i] = pages_needed(i, r);
+    if (need_[i] > usable_pages(i) - reserved_[i]) return std::nullopt;
+  }
+  const std::int32_t slot = acquire();
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    reserved_[i] += need_[i];
+    reservation_[static_cast<std::size_t>(slot) * pools_.size() + i] = need_[i];
+  }
+  return slot;
+}
+
+std::int32_t KvLedger::acquire() {
+  // The pools' slot books are created together and always acquired and released together, so
+  // they hand out the same id; checked anyway.
+  std::int32_t slot = -1;
+  for (auto& s : slots_) {
+    const std::int32_t got = s->acquire();
+    GD_REQUIRE(slot < 0 || got == slot, "slot", got, "pools handed out different slots");
+    slot = got;
+  }
+  return slot;
+}
+
+void KvLedger::extend(std::int32_t slot, std::int32_t tokens, std::int32_t group) {
+  require_slot(slot, "extend");
+  GD_REQUIRE(tokens >= 0, "tokens", tokens, "an extend cannot be negative");
+  // Every check of every pool first (slot capacity, pages, reservation, batch room), so that
+  // nothing changes unless every pool takes the extend.
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (!self_pool_of(i, group)) continue;
+    const PoolGeometry& g = pools_[i].geometry;
+    const RequestSlots::ExtendPlan plan = slots_[i]->plan_extend(slot, tokens);
+    const std::int32_t available = alloc_[i]->free_pages() + plan.evict;
+    GD_REQUIRE(plan.add <= available, "pages_requested", plan.add,
+               "KV pool exhausted: " + pool_name(i, g) + " has " + std::to_string(available) +
+                   " of " + std::to_string(usable_pages(i)) + " pages free");
+    const std::int32_t reserved =
+        reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
+    GD_REQUIRE(reserved < 0 || plan.held_after <= reserved, "pages_held", plan.held_after,
+               "slot " + std::to_string(slot) + " would exceed its reservation of " +
+                   std::to_string(reserved) + " pages in " + pool_name(i, g));
+    cmds_[i]->require_room((plan.evict > 0) + (plan.add > 0), plan.add);
+  }
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (self_pool_of(i, group)) slots_[i]->extend(slot, tokens, *cmds_[i]);
+  }
+}
+
+void KvLedger::truncate(std::int32_t slot, std::int32_t tokens, std::int32_t group) {
+  require_slot(slot, "truncate");
+  // Every check of every pool first: a truncate frees pages, which cannot be undone.
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (!self_pool_of(i, group)) continue;
+    const RequestSlots& s = *slots_[i];
+    const PoolGeometry& g = pools_[i].geometry;
+    GD_REQUIRE(tokens >= 0 && tokens <= s.tokens(slot), "tokens", tokens,
+               "truncate needs 0 <= tokens <= tokens held (" + std::to_string(s.tokens(slot)) +
+                   ") in " + pool_name(i, g));
+    GD_REQUIRE(g.kind != AttentionKind::kSliding ||
+                   swa_first_resident_page(tokens, g.window_left, g.page_size) >=
+                       s.first_resident_page(slot),
+               "tokens", tokens,
+               "truncating this far would need pages " + pool_name(i, g) + " already returned");
+    cmds_[i]->require_room(1, 0);
+  }
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (self_pool_of(i, group)) slots_[i]->truncate(slot, tokens, *cmds_[i]);
+  }
+}
+
+void KvLedger::set_encoder(std::int32_t slot, std::int32_t encoder_len) {
+  require_slot(slot, "set_encoder");
+  GD_REQUIRE(encoder_len >= 0, "encoder_len", encoder_len, "cannot be negative");
+  bool any = false;
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const PoolGeometry& g = pools_[i].geometry;
+    if (g.kind != AttentionKind::kCross) continue;
+    any = true;
+    const std::int32_t need = pages_for_tokens(encoder_len, g.page_size);
+    const std::int32_t reserved =
+        reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
+    GD_REQUIRE(slots_[i]->tokens(slot) == 0, "slot", slot,
+               "the request already holds its encoder keys in " + pool_name(i, g));
+    GD_REQUIRE(encoder_len <= g.max_tokens_per_slot(), "encoder_len", encoder_len,
+               "exceeds the " + std::to_string(g.max_tokens_per_slot()) + " keys a slot of " +
+                   pool_name(i, g) + " holds");
+    GD_REQUIRE(reserved < 0 || need <= reserved, "encoder_len", encoder_len,
+               "exceeds the request's reservation in " + pool_name(i, g));
+    GD_REQUIRE(need <= alloc_[i]->free_pages(), "pages_requested", need,
+               "KV pool exhausted: " + pool_name(i, g) + " has " +
+                   std::to_string(alloc_[i]->free_pages()) + " free pages");
+    cmds_[i]->require_room(1, need);
+  }
+  GD_REQUIRE(any, "pools", "no cross pool", "the model has no cross-attention pool");
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (pools_[i].geometry.kind == AttentionKind::kCross)
+      slots_[i]->extend(slot, encoder_len, *cmds_[i]);
+  }
+}
+
+void KvLedger::release(std::int32_t slot) {
+  require_slot(slot, "release");
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    GD_REQUIRE(slots_[i]->is_active(slot), "slot", slot,
+               "is not active in " + pool_name(i, pools_[i].geometry));
+    cmds_[i]->require_room(RequestSlots::kMaxCommandsPerOp, 0);
+  }
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    slots_[i]->release(slot, *cmds_[i]);
+    std::int32_t& r =
+        reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
+    if (r > 0) reserved_[i] -= r;
+    r = -1;
+  }
+}
+
+std::int32_t KvLedger::tokens(std::int32_t slot, std::int32_t group) const {
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (self_pool_of(i, group)) return slots_[i]->tokens(slot);
+  }
+  return slots_[0]->tokens(slot);  // only cross pools: the encoder length
+}
+
+}  // namespace graphdecode

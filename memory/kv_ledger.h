@@ -1,0 +1,113 @@
+// The page ledger of a step's KV pools: one host book for every pool of every model in the step
+// (a target's full / sliding / cross pools, and a draft's beside them), one slot id per request
+// shared by all of them, and the page-table commands of the step being built.
+//
+// Pure host code (no CUDA), tested on the CPU. Every operation is all-or-nothing across pools:
+// every pool's checks (slot, capacity, free pages, reservation, command room) pass before any
+// pool changes, and a refusal's Error names the pool and the value.
+//
+// Admission by reservation: try_admit() reserves, in every pool, the most pages the request can
+// ever hold (pages_needed) and admits it only when every pool has that many unreserved pages.
+// Afterwards the request's extends can never meet an exhausted pool; a request that cannot be
+// admitted waits. This is the scheduler's one count of free memory: a model whose layers all use
+// a sliding window is admitted by what its window pool really holds. Slots taken by acquire()
+// reserve nothing and take pages first come, first served (tests and the replay fuzzer drive the
+// pools directly); mixing both gives up the admission guarantee.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "memory/page_allocator.h"
+#include "memory/pool_config.h"
+#include "memory/request_slots.h"
+#include "memory/table_commands.h"
+
+namespace graphdecode {
+
+struct LedgerPool {
+  PoolGeometry geometry;
+  std::int32_t max_commands = 0;  // table commands of one step (the step image's capacity)
+  std::int32_t max_page_ids = 0;  // page ids of one step
+  std::int32_t group = 0;         // the model that owns the pool; extend/truncate take a group
+  // Sliding pools: most tokens one request adds in one step (bounds the pages it holds at once).
+  std::int32_t max_step_tokens = 0;
+};
+
+// The largest a request can grow: its reservation.
+struct KvReservation {
+  std::int32_t max_tokens = 0;   // longest KV extent in the self-attention pools
+  std::int32_t encoder_len = 0;  // encoder keys in the cross pools
+};
+
+class KvLedger {
+ public:
+  static constexpr std::int32_t kAllGroups = -1;
+
+  // Pools in step order (index i is the step image's pool i). All share max_slots.
+  explicit KvLedger(std::span<const LedgerPool> pools);
+  KvLedger(const KvLedger&) = delete;
+  KvLedger& operator=(const KvLedger&) = delete;
+
+  // Most pages `r` holds at once in pool `pool`: full ceil(max_tokens / page), sliding the same
+  // capped by the window plus one step, cross ceil(encoder_len / page).
+  std::int32_t pages_needed(std::int32_t pool, const KvReservation& r) const;
+  // Error (naming the pool, the pages and the capacity) when `r` could never be admitted even
+  // with every other request gone.
+  void require_fits(const KvReservation& r) const;
+  // A slot with `r` reserved in every pool, or nothing when a pool lacks unreserved pages or no
+  // slot is free. Changes nothing when it returns nothing.
+  std::optional<std::int32_t> try_admit(const KvReservation& r);
+  // A slot with no reservation. Error "max_slots" when none is free.
+  std::int32_t acquire();
+
+  // Positions [tokens(slot), tokens(slot) + tokens) in every self-attention (full and sliding)
+  // pool of `group` (kAllGroups: every model): pages allocated, pages left of a window returned.
+  void extend(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
+  // Speculative rollback: keeps the first `tokens` positions in the self pools of `group`.
+  void truncate(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
+  // The request's encoder keys in every cross pool (once per request).
+  void set_encoder(std::int32_t slot, std::int32_t encoder_len);
+  // Returns every page of the request in every pool, its reservation, and the slot.
+  void release(std::int32_t slot);
+
+  // Reorders pool i's free pages by `seed` (tests: pages then come out in shuffled order).
+  void shuffle_free_pages(std::int32_t pool, std::uint64_t seed);
+
+  // The step's table commands of pool i (what the step image carries); clear once submitted.
+  const TableCommandBatch& commands(std::int32_t pool) const;
+  void clear_commands();
+  // One pool's commands only, e.g. a cross pool's after an eager update at admission.
+  void clear_commands(std::int32_t pool);
+
+  std::int32_t num_pools() const noexcept { return static_cast<std::int32_t>(pools_.size()); }
+  const LedgerPool& config(std::int32_t pool) const;
+  const RequestSlots& slots(std::int32_t pool) const;
+  bool is_active(std::int32_t slot) const noexcept { return slots_[0]->is_active(slot); }
+  // KV extent held in the self pools of `group` (the first such pool's count).
+  std::int32_t tokens(std::int32_t slot, std::int32_t group = 0) const;
+  std::int32_t active_requests() const noexcept { return slots_[0]->active_slots(); }
+  // Pages of pool i: usable (all but the reserved page), free in the allocator, reserved by
+  // admitted requests, and held now by slot.
+  std::int32_t usable_pages(std::int32_t pool) const;
+  std::int32_t free_pages(std::int32_t pool) const;
+  std::int32_t reserved_pages(std::int32_t pool) const;
+  std::int32_t pages_held(std::int32_t pool, std::int32_t slot) const;
+
+ private:
+  bool self_pool_of(std::int32_t pool, std::int32_t group) const;
+  std::int32_t require_slot(std::int32_t slot, const char* what) const;
+
+  std::vector<LedgerPool> pools_;
+  std::vector<std::unique_ptr<PageAllocator>> alloc_;
+  std::vector<std::unique_ptr<RequestSlots>> slots_;
+  std::vector<std::unique_ptr<TableCommandBatch>> cmds_;
+  std::vector<std::int32_t> reserved_;     // [pool] pages reserved by admitted requests
+  std::vector<std::int32_t> reservation_;  // [slot][pool] pages reserved (0: none)
+  std::vector<std::int32_t> need_;         // [pool] admission scratch, sized once
+};
+
+}  // namespace graphdecode
