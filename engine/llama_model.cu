@@ -98,10 +98,9 @@ void LlamaModel::norm(const std::uint16_t* x, std::uint16_t* residual, const std
   rmsnorm(a, stream);
 }
 
-void LlamaModel::attention_block(const ModelRuntime& rt, std::int32_t l, std::int32_t rows,
-                                 cudaStream_t stream) {
+void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
+                                 std::int32_t rows, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
-  const StepMetaView& m = rt.meta();
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const std::int32_t d = config_.head_dim, h = config_.hidden_size;
@@ -109,7 +108,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, std::int32_t l, std::in
 
   gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
   // qkv [+ bias] -> Qwen3 q/k norm -> rope -> q_, and K/V straight into the layer's pages.
-  const AttentionContext a = rt.layer(l);
+  const AttentionContext a = rt.layer(l, m);
   QkvEpilogueArgs e;
   e.qkv = qkv_.data();
   e.bias = w.qkv_bias;
@@ -130,7 +129,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, std::int32_t l, std::in
   qkv_epilogue(e, stream);
   // qkv_epilogue writes q and this step's K/V rows only: the attention kernel may read its plan
   // and the older K/V while it runs.
-  a.attention->run_planned(*a.batch, a.kv, q_.data(), attn_.data(), nullptr, stream,
+  a.attention->run_planned(a.batch, a.kv, q_.data(), attn_.data(), nullptr, stream,
                            PriorWrites::kQueryAndNewKv);
   gemm_.run({attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}, stream);
   if (w.o_bias != nullptr) {
@@ -144,10 +143,10 @@ void LlamaModel::attention_block(const ModelRuntime& rt, std::int32_t l, std::in
   }
 }
 
-void LlamaModel::mlp_block(const ModelRuntime& rt, std::int32_t l, std::int32_t rows,
+void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
                            cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
-  const std::int32_t* num_tokens = rt.meta().scalars + StepMetaLayout::kNumTokens;
+  const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
   // residual += o; normed = norm(residual)
   norm(proj_.data(), residual_.data(), w.post_norm, normed_.data(), num_tokens, rows, h, stream);
@@ -163,13 +162,13 @@ void LlamaModel::mlp_block(const ModelRuntime& rt, std::int32_t l, std::int32_t 
   gemm_.run({act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16}, stream);
 }
 
-void LlamaModel::forward(const ModelRuntime& rt, const StepShape& shape, cudaStream_t stream) {
+void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const StepShape& shape,
+                         float* logits, cudaStream_t stream) {
   GD_REQUIRE(shape.token_capacity >= 1, "token_capacity", shape.token_capacity, "must be positive");
   GD_REQUIRE(rt.layout().layers == layout_.layers && rt.layout().head_dim == layout_.head_dim,
              "runtime", rt.model(), "the runtime's attention layout is not this model's");
   const std::int32_t rows = std::min(shape.token_capacity, max_tokens_);
   const std::int32_t logit_rows = std::clamp(shape.logit_capacity, 1, max_logit_rows_);
-  const StepMetaView& m = rt.meta();
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size;
   EmbeddingArgs e;
@@ -192,8 +191,8 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepShape& shape, cudaStr
       norm(proj_.data(), residual_.data(), w.input_norm, normed_.data(), num_tokens, rows, h,
            stream);
     }
-    attention_block(rt, l, rows, stream);
-    mlp_block(rt, l, rows, stream);
+    attention_block(rt, m, l, rows, stream);
+    mlp_block(m, l, rows, stream);
   }
 
   GatherParams g;
@@ -210,8 +209,8 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepShape& shape, cudaStr
   GD_CHECK_LAUNCH();
   norm(logit_x_.data(), logit_res_.data(), weights_.final_norm(), logit_normed_.data(),
        m.scalars + StepMetaLayout::kNumLogitRows, logit_rows, h, stream);
-  gemm_.run({logit_normed_.data(), weights_.lm_head(), logits_.data(), logit_rows, h,
-             config_.vocab_size, GemmOut::kF32},
+  gemm_.run({logit_normed_.data(), weights_.lm_head(), logits != nullptr ? logits : logits_.data(),
+             logit_rows, h, config_.vocab_size, GemmOut::kF32},
             stream);
 }
 

@@ -48,20 +48,27 @@ class LlamaModel {
 
   // Capture-safe (no allocation, no host sync): the step's forward over `runtime`'s attention.
   // `shape` fixes the grids: token_capacity rows through the layers, logit_capacity logits rows.
-  void forward(const ModelRuntime& runtime, const StepShape& shape, cudaStream_t stream);
+  void forward(const ModelRuntime& runtime, const StepShape& shape, cudaStream_t stream) {
+    forward(runtime, runtime.meta(), shape, nullptr, stream);
+  }
+  // The forward of one phase of a step whose metadata is `meta` (a block of the prep's layout),
+  // writing its logits rows to `logits` ([logit_capacity][vocab] float; nullptr = logits()).
+  void forward(const ModelRuntime& runtime, const StepMetaView& meta, const StepShape& shape,
+               float* logits, cudaStream_t stream);
 
   // [max_logit_rows][vocab] float: row i = logits of the step's logits row i (LogitRows).
   const float* logits() const noexcept { return logits_.data(); }
   std::int32_t vocab() const noexcept { return config_.vocab_size; }
+  std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
   // [1] sticky device flag: bit kEmbeddingBadTokenBit set when a token id was out of range.
   std::int32_t* bad_token_flag() const noexcept { return bad_token_.data(); }
   const ModelConfig& config() const noexcept { return config_; }
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
-  void attention_block(const ModelRuntime& rt, std::int32_t layer, std::int32_t rows,
-                       cudaStream_t stream);
-  void mlp_block(const ModelRuntime& rt, std::int32_t layer, std::int32_t rows,
+  void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
+                       std::int32_t rows, cudaStream_t stream);
+  void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows,
                  cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
             std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,

@@ -186,19 +186,19 @@ void StepPrep::enqueue_metadata(cudaStream_t stream) const {
   GD_CHECK_LAUNCH();
 }
 
-AttentionBatch StepPrep::self_batch(const std::int32_t* window_left) const noexcept {
+AttentionBatch self_batch(const StepMetaView& meta, const std::int32_t* window_left) noexcept {
   AttentionBatch b;
-  b.num_requests = view_.scalars + StepMetaLayout::kNumRequests;
-  b.slot = view_.slot;
-  b.q_start = view_.q_start;
-  b.kv_len = view_.kv_len;
+  b.num_requests = meta.scalars + StepMetaLayout::kNumRequests;
+  b.slot = meta.slot;
+  b.q_start = meta.q_start;
+  b.kv_len = meta.kv_len;
   b.window_left = window_left;
   return b;
 }
 
-AttentionBatch StepPrep::cross_batch() const noexcept {
-  AttentionBatch b = self_batch(nullptr);
-  b.kv_len = view_.encoder_len;
+AttentionBatch cross_batch(const StepMetaView& meta) noexcept {
+  AttentionBatch b = self_batch(meta, nullptr);
+  b.kv_len = meta.encoder_len;
   return b;
 }
 

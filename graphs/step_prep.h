@@ -88,6 +88,12 @@ void prep_step_host(const StepInputView& input, const StepCapacity& cap,
                     std::span<std::int32_t> out, const std::int32_t* feedback = nullptr,
                     const std::int32_t* chosen = nullptr);
 
+// Attention batch over a metadata block: self (kv_len, window_left a [1] device int or nullptr
+// for full) or cross (encoder_len). The step's prep block, or any block of the same layout (the
+// phases of a speculative step).
+AttentionBatch self_batch(const StepMetaView& meta, const std::int32_t* window_left) noexcept;
+AttentionBatch cross_batch(const StepMetaView& meta) noexcept;
+
 class StepPrep {
  public:
   // Allocates the metadata block. `input` must outlive this object.
@@ -114,10 +120,6 @@ class StepPrep {
   // Device pointers into the metadata block.
   const StepMetaView& device() const noexcept { return view_; }
   const StepMetaLayout& layout() const noexcept { return layout_; }
-  // Attention batch over the prep output: self (kv_len) or cross (encoder_len). window_left is a
-  // [1] device int (nullptr = full); ignored for cross.
-  AttentionBatch self_batch(const std::int32_t* window_left) const noexcept;
-  AttentionBatch cross_batch() const noexcept;
   // Synchronous download of the whole block (tests).
   void download(std::span<std::int32_t> host, cudaStream_t stream) const;
 

@@ -52,10 +52,6 @@ ModelRuntime::ModelRuntime(const AttentionLayout& layout, const RuntimeOptions& 
   }
   window_left_ = DeviceBuffer<std::int32_t>(1);
   window_left_.upload(&layout_.window_left, 1, stream);
-  const StepPrep& prep = step_.prep();
-  batch_[kind_index(AttentionKind::kFull)] = prep.self_batch(nullptr);
-  batch_[kind_index(AttentionKind::kSliding)] = prep.self_batch(window_left_.data());
-  batch_[kind_index(AttentionKind::kCross)] = prep.cross_batch();
   // The window value is a host local: in place before the constructor returns.
   GD_CUDA(cudaStreamSynchronize(stream));
 }
@@ -75,13 +71,25 @@ std::int32_t ModelRuntime::pool_index(AttentionKind k) const {
   return pool_index_[kind_index(k)];
 }
 
-void ModelRuntime::plan(cudaStream_t stream) const {
+AttentionBatch ModelRuntime::batch(AttentionKind k, const StepMetaView& meta) const noexcept {
+  switch (k) {
+    case AttentionKind::kSliding:
+      return self_batch(meta, window_left_.data());
+    case AttentionKind::kCross:
+      return cross_batch(meta);
+    case AttentionKind::kFull:
+      break;
+  }
+  return self_batch(meta, nullptr);
+}
+
+void ModelRuntime::plan(const StepMetaView& meta, cudaStream_t stream) const {
   for (int k = 0; k < kNumAttentionKinds; ++k) {
-    if (attention_[k]) attention_[k]->plan(batch_[k], stream);
+    if (attention_[k]) attention_[k]->plan(batch(static_cast<AttentionKind>(k), meta), stream);
   }
 }
 
-AttentionContext ModelRuntime::layer(std::int32_t l) const {
+AttentionContext ModelRuntime::layer(std::int32_t l, const StepMetaView& meta) const {
   GD_REQUIRE(l >= 0 && l < static_cast<std::int32_t>(layout_.layers.size()), "layer", l,
              "outside the model's layers");
   const AttentionKind k = layout_.layers[static_cast<std::size_t>(l)];
@@ -90,15 +98,15 @@ AttentionContext ModelRuntime::layer(std::int32_t l) const {
   a.kind = k;
   a.kv = p.view(layer_in_pool_[static_cast<std::size_t>(l)]);
   a.max_slots = p.config().geometry.max_slots;
-  a.batch = &batch_[kind_index(k)];
+  a.batch = batch(k, meta);
   a.attention = attention_[kind_index(k)].get();
   return a;
 }
 
-void ModelRuntime::attend(std::int32_t l, const void* q, void* out, cudaStream_t stream,
-                          PriorWrites prior) const {
-  const AttentionContext a = layer(l);
-  a.attention->run_planned(*a.batch, a.kv, q, out, nullptr, stream, prior);
+void ModelRuntime::attend(std::int32_t l, const StepMetaView& meta, const void* q, void* out,
+                          cudaStream_t stream, PriorWrites prior) const {
+  const AttentionContext a = layer(l, meta);
+  a.attention->run_planned(a.batch, a.kv, q, out, nullptr, stream, prior);
 }
 
 }  // namespace graphdecode

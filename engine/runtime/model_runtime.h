@@ -4,7 +4,9 @@
 // touches pools, tables or plans itself.
 //
 // In a step: StepContext's prep (table commands of every pool + metadata) -> plan() of every
-// runtime (one plan per attention kind) -> each model's layers call attend().
+// runtime (one plan per attention kind) -> each model's layers call attend(). A step of several
+// phases (a speculative step: draft-extend, draft decodes, verify) plans and attends over each
+// phase's own metadata block (same layout as the prep's), one phase after the other.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,8 +28,7 @@ struct AttentionContext {
   AttentionKind kind = AttentionKind::kFull;
   PagedKvView kv;              // this layer's K/V in its pool (page table included)
   std::int32_t max_slots = 0;  // rows of the pool's page table (the K/V write bounds check)
-  const AttentionBatch* batch =
-      nullptr;  // the step's batch for this kind (window applied for sliding)
+  AttentionBatch batch;         // the phase's batch for this kind (window applied for sliding)
   const PagedAttention* attention = nullptr;
 };
 
@@ -41,13 +42,21 @@ class ModelRuntime {
   ModelRuntime(const ModelRuntime&) = delete;
   ModelRuntime& operator=(const ModelRuntime&) = delete;
 
-  // Capture-safe: one plan per attention kind present; after the step's prep, before any layer.
-  void plan(cudaStream_t stream) const;
-  AttentionContext layer(std::int32_t layer) const;
-  // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype).
-  // `prior`: what the kernel just before may still write (paged_attention.h).
+  // Capture-safe: one plan per attention kind present over `meta` (default: the step's prep
+  // block); after that block is written, before any layer of the phase.
+  void plan(cudaStream_t stream) const { plan(meta(), stream); }
+  void plan(const StepMetaView& meta, cudaStream_t stream) const;
+  AttentionContext layer(std::int32_t layer) const { return this->layer(layer, meta()); }
+  AttentionContext layer(std::int32_t layer, const StepMetaView& meta) const;
+  // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype)
+  // for the phase whose metadata is `meta`. `prior`: what the kernel just before may still write
+  // (paged_attention.h).
   void attend(std::int32_t layer, const void* q, void* out, cudaStream_t stream,
-              PriorWrites prior = PriorWrites::kAnything) const;
+              PriorWrites prior = PriorWrites::kAnything) const {
+    attend(layer, meta(), q, out, stream, prior);
+  }
+  void attend(std::int32_t layer, const StepMetaView& meta, const void* q, void* out,
+              cudaStream_t stream, PriorWrites prior = PriorWrites::kAnything) const;
 
   const AttentionLayout& layout() const noexcept { return layout_; }
   std::int32_t model() const noexcept { return model_; }
@@ -66,9 +75,10 @@ class ModelRuntime {
   std::array<std::unique_ptr<KvPool>, kNumAttentionKinds> pools_;
   std::array<std::int32_t, kNumAttentionKinds> pool_index_{-1, -1, -1};
   std::array<std::unique_ptr<PagedAttention>, kNumAttentionKinds> attention_;
-  std::array<AttentionBatch, kNumAttentionKinds> batch_{};
   std::vector<std::int32_t> layer_in_pool_;  // [num_layers] index of the layer inside its pool
   DeviceBuffer<std::int32_t> window_left_;   // [1] the sliding layers' window
+
+  AttentionBatch batch(AttentionKind k, const StepMetaView& meta) const noexcept;
 };
 
 }  // namespace graphdecode
