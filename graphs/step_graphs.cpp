@@ -31,6 +31,9 @@ StepShape key_shape(const GraphKey& key, const StepCapacity& cap) {
     case StepMode::kDraftExtendV2:
       t = static_cast<std::int64_t>(key.bucket) * key.tokens_per_request;
       break;
+    case StepMode::kSpeculative:  // the draft-extend's rows: up to k + 1 committed per request
+      t = static_cast<std::int64_t>(key.bucket) * (cap.max_draft_tokens + 1);
+      break;
     case StepMode::kExtend:
       break;
   }
@@ -40,6 +43,7 @@ StepShape key_shape(const GraphKey& key, const StepCapacity& cap) {
   shape.logit_capacity =
       std::min(key.logits == LogitRows::kEveryRow ? shape.token_capacity : key.bucket,
                cap.resolved_max_logit_rows());
+  shape.tokens_per_request = key.tokens_per_request;
   return shape;
 }
 
@@ -63,9 +67,14 @@ StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig 
     if (mode == StepMode::kExtend) n = 0;
     GD_REQUIRE(n >= 0 && n <= cap.max_tokens, "modes[" + std::to_string(i) + "].tokens", n,
                "tokens per request outside [1, max_tokens]");
-    GD_REQUIRE(mode == StepMode::kExtend || mode == StepMode::kDecode || n >= 1,
+    GD_REQUIRE(mode == StepMode::kExtend || mode == StepMode::kDecode ||
+                   mode == StepMode::kSpeculative || n >= 1,
                "modes[" + std::to_string(i) + "].tokens", n,
                "verify / draft-extend-v2 need N >= 1");
+    GD_REQUIRE(mode != StepMode::kSpeculative || (n <= cap.max_draft_tokens &&
+                                                  logits == LogitRows::kLastPerRequest),
+               "modes[" + std::to_string(i) + "].tokens", n,
+               "speculative graphs draft k <= max_draft_tokens, last row per request");
     const auto l = static_cast<std::int32_t>(logits);
     GD_REQUIRE(l >= 0 && l < kNumLogitRows, "modes[" + std::to_string(i) + "].logits", l,
                "unknown LogitRows");

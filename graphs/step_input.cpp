@@ -120,6 +120,14 @@ void StepImageWriter::validate(const StepDesc& d) const {
   } else if (d.mode == StepMode::kTargetVerify || d.mode == StepMode::kDraftExtendV2) {
     GD_REQUIRE(n_key >= 1 && n_key <= cap_.max_tokens, "tokens_per_request", n_key,
                "verify / draft-extend-v2 need N in [1, max_tokens]");
+  } else if (d.mode == StepMode::kSpeculative) {
+    GD_REQUIRE(cap_.max_draft_tokens >= 1, "mode", "speculative",
+               "this step input has no speculative capacity (max_draft_tokens = 0)");
+    GD_REQUIRE(n_key >= 0 && n_key <= cap_.max_draft_tokens, "tokens_per_request", n_key,
+               "a speculative step drafts k in [0, max_draft_tokens = " +
+                   std::to_string(cap_.max_draft_tokens) + "] tokens per request");
+    GD_REQUIRE(d.logits == LogitRows::kLastPerRequest, "logits", logit_rows_name(d.logits),
+               "a speculative step's rows (the draft-extend) take the last row per request");
   }
   const auto logits = static_cast<std::int32_t>(d.logits);
   GD_REQUIRE(logits >= 0 && logits < kNumLogitRows, "logits", logits, "unknown LogitRows");
@@ -127,6 +135,12 @@ void StepImageWriter::validate(const StepDesc& d) const {
   GD_REQUIRE(
       n >= 1 && n <= cap_.max_batch, "num_requests", n,
       "requests per step must be in [1, max_batch = " + std::to_string(cap_.max_batch) + "]");
+  // A speculative step's verify adds k rows past each request's last committed token.
+  const bool speculative = d.mode == StepMode::kSpeculative;
+  const std::int32_t verify_past = speculative ? n_key : 0;
+  GD_REQUIRE(!speculative || n * (n_key + 1) <= cap_.max_tokens, "num_requests", n,
+             "the verify of k + 1 = " + std::to_string(n_key + 1) +
+                 " rows per request exceeds max_tokens = " + std::to_string(cap_.max_tokens));
 
   if (++epoch_ == std::numeric_limits<std::int32_t>::max()) {  // stamps wrap: clear them once
     seen_.assign(seen_.size(), -1);
@@ -150,9 +164,14 @@ void StepImageWriter::validate(const StepDesc& d) const {
                std::string("not allowed in ") + std::string(step_mode_name(d.mode)) +
                    " mode with tokens_per_request " + std::to_string(n_key) +
                    " (decode 1, verify N, draft-extend-v2 1..N, extend >= 1)");
-    const std::int64_t extent = static_cast<std::int64_t>(q.prefix_len) + q.extend_len;
+    GD_REQUIRE(!speculative || q.extend_len <= cap_.max_draft_tokens + 1,
+               req_field(r, "extend_len"), q.extend_len,
+               "a speculative step's draft-extend commits at most max_draft_tokens + 1 = " +
+                   std::to_string(cap_.max_draft_tokens + 1) + " tokens");
+    const std::int64_t extent = static_cast<std::int64_t>(q.prefix_len) + q.extend_len + verify_past;
     GD_REQUIRE(extent <= cap_.max_kv_len, req_field(r, "prefix_len"), q.prefix_len,
-               "prefix_len + extend_len = " + std::to_string(extent) + " exceeds max_kv_len " +
+               "prefix_len + extend_len" + std::string(speculative ? " + k" : "") + " = " +
+                   std::to_string(extent) + " exceeds max_kv_len " +
                    std::to_string(cap_.max_kv_len));
     GD_REQUIRE(q.encoder_len >= 0 && q.encoder_len <= cap_.max_encoder_len,
                req_field(r, "encoder_len"), q.encoder_len,

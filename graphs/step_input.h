@@ -63,6 +63,8 @@ struct StepCapacity {
   // Logits rows one step may select (LogitRows): >= max_batch; kEveryRow needs one per token.
   // 0 = max_batch.
   std::int32_t max_logit_rows = 0;
+  // Speculative steps (StepMode::kSpeculative): most draft tokens per request; 0 = none.
+  std::int32_t max_draft_tokens = 0;
   // Words of program-defined data per request carried in the same copy (e.g. the engine's
   // sampling parameters); the prep kernels do not read them. 0 = none.
   std::int32_t aux_words = 0;
@@ -121,8 +123,9 @@ struct StepInputView {
 // What the host hands in for one step (host memory; spans are read during write() only).
 struct StepDesc {
   StepMode mode = StepMode::kDecode;
-  // N of the graph key: verify (every extend_len == N) and draft-extend-v2 (1 <= extend_len <= N).
-  // Decode: must be 0 or 1 (stored as 1). Extend: ignored (stored as 0).
+  // N of the graph key: verify (every extend_len == N), draft-extend-v2 (1 <= extend_len <= N),
+  // speculative (N = k draft tokens, 0 <= k <= max_draft_tokens). Decode: must be 0 or 1 (stored
+  // as 1). Extend: ignored (stored as 0).
   std::int32_t tokens_per_request = 0;
   // Which rows get logits (part of the graph key). kEveryRow needs sum(extend_len) <=
   // capacity.max_logit_rows.

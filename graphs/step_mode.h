@@ -12,8 +12,14 @@ enum class StepMode : std::int32_t {
   kExtend = 1,         // prefill / chunked prefill: any extend_len >= 1
   kTargetVerify = 2,   // extend_len = N (tokens per request of the graph key) for every request
   kDraftExtendV2 = 3,  // extend_len in [1, N] per request (the accepted count), N of the key
+  // One whole speculative step of N = k draft tokens per request (engine/spec/): each row is the
+  // draft model's extend over the c tokens committed since the request's last speculative step
+  // (extend_len = c in [1, max_draft_tokens + 1]), the last of which sits at position
+  // P = prefix_len + c - 1; the k draft decodes (positions P+1 ..) and the target's verify of k+1
+  // rows from P are derived on the device. The image's rows are the draft-extend's.
+  kSpeculative = 4,
 };
-inline constexpr int kNumStepModes = 4;
+inline constexpr int kNumStepModes = 5;
 
 // Which new-token rows of a step get a logits row (the LM head runs over these rows only):
 //   kLastPerRequest   row q_start[r+1] - 1 of each request r (prefill, decode, draft-extend-v2
@@ -35,6 +41,8 @@ constexpr std::string_view step_mode_name(StepMode m) {
       return "target-verify";
     case StepMode::kDraftExtendV2:
       return "draft-extend-v2";
+    case StepMode::kSpeculative:
+      return "speculative";
   }
   return "unknown";
 }

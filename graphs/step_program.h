@@ -43,6 +43,7 @@ struct StepShape {
   std::int32_t bucket = 0;
   std::int32_t token_capacity = 0;
   std::int32_t logit_capacity = 0;
+  std::int32_t tokens_per_request = 0;  // the key's N (speculative: k draft tokens)
 };
 
 class StepProgram {

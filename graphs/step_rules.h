@@ -12,7 +12,8 @@
 namespace graphdecode::step_rules {
 
 // Is `extend_len` allowed for a request of a step of `mode` whose key has N = tokens_per_request?
-//   decode 1; verify exactly N; draft-extend-v2 1..N (the accepted count); extend >= 1.
+//   decode 1; verify exactly N; draft-extend-v2 1..N (the accepted count); extend >= 1;
+//   speculative >= 1 (the tokens committed since the last speculative step).
 GD_HD bool extend_len_allowed(StepMode mode, std::int32_t tokens_per_request,
                               std::int32_t extend_len) {
   switch (mode) {
@@ -23,6 +24,7 @@ GD_HD bool extend_len_allowed(StepMode mode, std::int32_t tokens_per_request,
     case StepMode::kDraftExtendV2:
       return extend_len >= 1 && extend_len <= tokens_per_request;
     case StepMode::kExtend:
+    case StepMode::kSpeculative:  // the committed count, <= max_draft_tokens + 1 (the writer)
       return extend_len >= 1;
     default:
       return false;

@@ -38,6 +38,7 @@ inline StepCapacity small_capacity() {
   c.max_kv_len = 4096;
   c.max_encoder_len = 600;
   c.max_logit_rows = 300;  // every row of any step may get logits
+  c.max_draft_tokens = 7;
   return c;
 }
 
@@ -53,6 +54,10 @@ inline GeneratedStep random_step(std::mt19937& rng, const StepCapacity& cap, Ste
   s.tokens_per_request = mode == StepMode::kDecode   ? 1
                          : mode == StepMode::kExtend ? 0
                                                      : pick_n(rng);
+  if (mode == StepMode::kSpeculative) {
+    s.logits = LogitRows::kLastPerRequest;
+    s.tokens_per_request = std::min<std::int32_t>(pick_n(rng) - 1, cap.max_draft_tokens);
+  }
   std::vector<std::int32_t> slots(static_cast<std::size_t>(cap.max_slots - 1));
   std::iota(slots.begin(), slots.end(), 1);
   std::shuffle(slots.begin(), slots.end(), rng);
@@ -72,9 +77,14 @@ inline GeneratedStep random_step(std::mt19937& rng, const StepCapacity& cap, Ste
       case StepMode::kExtend:
         q.extend_len = std::uniform_int_distribution<std::int32_t>(1, per)(rng);
         break;
+      case StepMode::kSpeculative:
+        q.extend_len = std::uniform_int_distribution<std::int32_t>(
+            1, std::min(per, cap.max_draft_tokens + 1))(rng);
+        break;
     }
+    const std::int32_t past = mode == StepMode::kSpeculative ? s.tokens_per_request : 0;
     q.prefix_len =
-        std::uniform_int_distribution<std::int32_t>(0, cap.max_kv_len - q.extend_len)(rng);
+        std::uniform_int_distribution<std::int32_t>(0, cap.max_kv_len - q.extend_len - past)(rng);
     if (rng() % 4 == 0) q.prefix_len = static_cast<std::int32_t>(rng() % 3);  // short prefixes
     q.encoder_len = std::uniform_int_distribution<std::int32_t>(0, cap.max_encoder_len)(rng);
     s.requests.push_back(q);

@@ -357,6 +357,43 @@ TEST(StepInputWriter, LogitRowsAreStoredAndBoundedByCapacity) {
   EXPECT_EQ(image[StepLayout::kLogitRows], static_cast<std::int32_t>(LogitRows::kEveryRow));
 }
 
+TEST(StepInputWriter, SpeculativeStepsAreBoundedByTheDraftCapacity) {
+  GeneratedStep s;
+  s.mode = StepMode::kSpeculative;
+  s.tokens_per_request = 3;                       // k = 3 drafts, verify of 4 rows
+  s.requests = {{5, 100, 4, 0}, {9, 4089, 1, 0}};  // 4089 + 1 + 3 = 4093 <= 4096
+  s.token_ids = {1, 2, 3, 4, 5};
+  StepCapacity cap = small_capacity();
+  cap.max_draft_tokens = 0;
+  expect_rejected(StepImageWriter(cap), s.desc(), "mode", "speculative");
+  cap.max_draft_tokens = 3;
+  const StepImageWriter w(cap);
+  std::vector<std::int32_t> image(w.layout().total_words, 0);
+  w.write(s.desc(), image);
+  EXPECT_EQ(image[StepLayout::kTokensPerRequest], 3);
+  {
+    GeneratedStep bad = s;
+    bad.tokens_per_request = 4;
+    expect_rejected(w, bad.desc(), "tokens_per_request", "4");
+  }
+  {
+    GeneratedStep bad = s;
+    bad.requests[0].extend_len = 5;  // more than k_max + 1 = 4 committed tokens
+    bad.token_ids.push_back(6);
+    expect_rejected(w, bad.desc(), "requests[0].extend_len", "5");
+  }
+  {
+    GeneratedStep bad = s;
+    bad.requests[1].prefix_len = 4093;  // + 1 + 3 > max_kv_len 4096: the verify would not fit
+    expect_rejected(w, bad.desc(), "requests[1].prefix_len", "4093");
+  }
+  {
+    GeneratedStep bad = s;
+    bad.logits = LogitRows::kEveryRow;
+    expect_rejected(w, bad.desc(), "logits", "every-row");
+  }
+}
+
 TEST(StepInputWriter, AcceptsRandomStepsOfEveryMode) {
   const StepCapacity cap = small_capacity();
   const StepImageWriter w(cap);
