@@ -5,7 +5,6 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
-#include "engine/kernels/sampling.h"
 #include "engine/sampling_step.h"
 #include "graphs/step_prep.h"
 
@@ -13,42 +12,6 @@ namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 128;
-
-struct UnpackParams {
-  const std::int32_t* aux;  // [max_batch][SamplingWords::kCount] step image
-  StepMetaView meta;        // prep output: logits rows, their token rows, token request/position
-  float* temperature;
-  std::int32_t* top_k;
-  float* top_p;
-  std::uint64_t* seed;
-  std::uint64_t* rng_step;
-  std::int32_t max_rows;
-};
-
-// Row i < live: the words of the row's request, the counter = position of the sampled token;
-// padding rows: greedy with fixed values (never read back).
-__global__ void unpack_sampling_kernel(const __grid_constant__ UnpackParams p) {
-  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x * kThreads + threadIdx.x);
-  if (i >= p.max_rows) return;
-  if (i < p.meta.scalars[StepMetaLayout::kNumLogitRows]) {
-    const std::int32_t t = p.meta.logit_row[i];
-    const std::int32_t r = p.meta.token_request[t];
-    const std::int32_t* w = p.aux + static_cast<std::int64_t>(r) * SamplingWords::kCount;
-    p.temperature[i] = __int_as_float(w[SamplingWords::kTemperature]);
-    p.top_k[i] = w[SamplingWords::kTopK];
-    p.top_p[i] = __int_as_float(w[SamplingWords::kTopP]);
-    p.seed[i] =
-        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[SamplingWords::kSeedHi])) << 32) |
-        static_cast<std::uint32_t>(w[SamplingWords::kSeedLo]);
-    p.rng_step[i] = static_cast<std::uint32_t>(p.meta.token_position[t] + 1);
-  } else {
-    p.temperature[i] = 0.f;
-    p.top_k[i] = 0;
-    p.top_p[i] = 1.f;
-    p.seed[i] = 0;
-    p.rng_step[i] = 0;
-  }
-}
 
 struct PublishParams {
   const std::int32_t* tokens;     // [max_rows] sampler output
@@ -83,7 +46,8 @@ unsigned blocks_for(std::int32_t rows) {
 SamplingStep::SamplingStep(ModelRuntime& runtime, LlamaModel& model, cudaStream_t stream)
     : forward_(runtime, model),
       input_(runtime.step().input()),
-      max_rows_(input_.capacity().resolved_max_logit_rows()) {
+      max_rows_(input_.capacity().resolved_max_logit_rows()),
+      sampler_(max_rows_, model.vocab(), stream) {
   const StepCapacity& cap = input_.capacity();
   GD_REQUIRE(cap.aux_words == SamplingWords::kCount, "input.aux_words", cap.aux_words,
              "the sampling step needs " + std::to_string(SamplingWords::kCount) +
@@ -91,15 +55,10 @@ SamplingStep::SamplingStep(ModelRuntime& runtime, LlamaModel& model, cudaStream_
   GD_REQUIRE(cap.token_feedback, "input.token_feedback", "off",
              "the sampling step feeds tokens back on the device");
   const auto b = static_cast<std::size_t>(max_rows_);
-  temperature_ = DeviceBuffer<float>(b);
-  top_p_ = DeviceBuffer<float>(b);
-  top_k_ = DeviceBuffer<std::int32_t>(b);
-  seed_ = DeviceBuffer<std::uint64_t>(b);
-  rng_step_ = DeviceBuffer<std::uint64_t>(b);
   tokens_ = DeviceBuffer<std::int32_t>(b);
   feedback_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(cap.max_slots));
   published_ = DeviceBuffer<std::int32_t>(b + 1);
-  for (auto* buf : {&top_k_, &tokens_, &feedback_, &published_}) buf->fill_bytes(0, stream);
+  for (auto* buf : {&tokens_, &feedback_, &published_}) buf->fill_bytes(0, stream);
   runtime.step().prep().set_token_feedback(feedback_.data());
 }
 
@@ -109,31 +68,7 @@ void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
   const std::int32_t rows = std::clamp(shape.logit_capacity, 1, max_rows_);
   const StepMetaView& m = forward_.runtime().meta();
 
-  UnpackParams u;
-  u.aux = input_.device_view().aux;
-  u.meta = m;
-  u.temperature = temperature_.data();
-  u.top_k = top_k_.data();
-  u.top_p = top_p_.data();
-  u.seed = seed_.data();
-  u.rng_step = rng_step_.data();
-  u.max_rows = rows;
-  unpack_sampling_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(u);
-  GD_CHECK_LAUNCH();
-
-  SamplingArgs a;
-  a.logits = model.logits();
-  a.logits_type = LogitsType::kFloat32;
-  a.temperature = temperature_.data();
-  a.top_k = top_k_.data();
-  a.top_p = top_p_.data();
-  a.seed = seed_.data();
-  a.step = rng_step_.data();
-  a.tokens = tokens_.data();
-  a.num_rows = m.scalars + StepMetaLayout::kNumLogitRows;
-  a.max_rows = rows;
-  a.vocab = model.vocab();
-  sample(a, stream);
+  sampler_.enqueue(m, input_.device_view().aux, model.logits(), rows, tokens_.data(), stream);
 
   PublishParams p;
   p.tokens = tokens_.data();

@@ -38,6 +38,7 @@ StepShape key_shape(const GraphKey& key, const StepCapacity& cap) {
       break;
   }
   StepShape shape;
+  shape.mode = key.mode;
   shape.bucket = key.bucket;
   shape.token_capacity = static_cast<std::int32_t>(std::min<std::int64_t>(t, max_tokens));
   shape.logit_capacity =
@@ -71,8 +72,8 @@ StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig 
                    mode == StepMode::kSpeculative || n >= 1,
                "modes[" + std::to_string(i) + "].tokens", n,
                "verify / draft-extend-v2 need N >= 1");
-    GD_REQUIRE(mode != StepMode::kSpeculative || (n <= cap.max_draft_tokens &&
-                                                  logits == LogitRows::kLastPerRequest),
+    GD_REQUIRE(mode != StepMode::kSpeculative ||
+                   (n <= cap.max_draft_tokens && logits == LogitRows::kLastPerRequest),
                "modes[" + std::to_string(i) + "].tokens", n,
                "speculative graphs draft k <= max_draft_tokens, last row per request");
     const auto l = static_cast<std::int32_t>(logits);
@@ -138,7 +139,9 @@ StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
     return StepPath::kGraph;
   }
   const StepCapacity& cap = input_.capacity();
-  program_.enqueue(StepShape{cap.max_batch, cap.max_tokens, cap.resolved_max_logit_rows()}, stream);
+  program_.enqueue(StepShape{input_.mode(), cap.max_batch, cap.max_tokens,
+                             cap.resolved_max_logit_rows(), input_.tokens_per_request()},
+                   stream);
   return StepPath::kEager;
 }
 

@@ -168,7 +168,8 @@ void StepImageWriter::validate(const StepDesc& d) const {
                req_field(r, "extend_len"), q.extend_len,
                "a speculative step's draft-extend commits at most max_draft_tokens + 1 = " +
                    std::to_string(cap_.max_draft_tokens + 1) + " tokens");
-    const std::int64_t extent = static_cast<std::int64_t>(q.prefix_len) + q.extend_len + verify_past;
+    const std::int64_t extent =
+        static_cast<std::int64_t>(q.prefix_len) + q.extend_len + verify_past;
     GD_REQUIRE(extent <= cap_.max_kv_len, req_field(r, "prefix_len"), q.prefix_len,
                "prefix_len + extend_len" + std::string(speculative ? " + k" : "") + " = " +
                    std::to_string(extent) + " exceeds max_kv_len " +

@@ -119,6 +119,7 @@ class StepPrep {
 
   // Device pointers into the metadata block.
   const StepMetaView& device() const noexcept { return view_; }
+  const StepInput& input() const noexcept { return input_; }
   const StepMetaLayout& layout() const noexcept { return layout_; }
   // Synchronous download of the whole block (tests).
   void download(std::span<std::int32_t> host, cudaStream_t stream) const;

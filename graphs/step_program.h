@@ -40,6 +40,7 @@ struct GraphKey {
 // new tokens and logit_capacity logits rows; the eager path uses the capacities. Results never
 // depend on them.
 struct StepShape {
+  StepMode mode = StepMode::kDecode;  // the key's mode
   std::int32_t bucket = 0;
   std::int32_t token_capacity = 0;
   std::int32_t logit_capacity = 0;

@@ -38,6 +38,7 @@ KvLedger::KvLedger(std::span<const LedgerPool> pools) : pools_(pools.begin(), po
   reserved_.assign(pools_.size(), 0);
   reservation_.assign(static_cast<std::size_t>(max_slots) * pools_.size(), -1);
   need_.assign(pools_.size(), 0);
+  grow_.assign(pools_.size(), -1);
 }
 
 const LedgerPool& KvLedger::config(std::int32_t pool) const {
@@ -154,12 +155,29 @@ std::int32_t KvLedger::acquire() {
 void KvLedger::extend(std::int32_t slot, std::int32_t tokens, std::int32_t group) {
   require_slot(slot, "extend");
   GD_REQUIRE(tokens >= 0, "tokens", tokens, "an extend cannot be negative");
-  // Every check of every pool first (slot capacity, pages, reservation, batch room), so that
-  // nothing changes unless every pool takes the extend.
+  for (std::int32_t i = 0; i < num_pools(); ++i) grow_[i] = self_pool_of(i, group) ? tokens : -1;
+  extend_pools(slot);
+}
+
+void KvLedger::extend_groups(std::int32_t slot, std::span<const std::int32_t> tokens) {
+  require_slot(slot, "extend");
+  for (std::size_t g = 0; g < tokens.size(); ++g)
+    GD_REQUIRE(tokens[g] >= 0, "tokens[" + std::to_string(g) + "]", tokens[g],
+               "an extend cannot be negative");
   for (std::int32_t i = 0; i < num_pools(); ++i) {
-    if (!self_pool_of(i, group)) continue;
+    const auto g = static_cast<std::size_t>(pools_[i].group);
+    grow_[i] = self_pool_of(i, kAllGroups) && g < tokens.size() ? tokens[g] : -1;
+  }
+  extend_pools(slot);
+}
+
+void KvLedger::extend_pools(std::int32_t slot) {
+  // Every check of every pool first (slot capacity, pages, reservation, batch room), so that
+  // nothing changes unless every pool takes its extend.
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    if (grow_[i] < 0) continue;
     const PoolGeometry& g = pools_[i].geometry;
-    const RequestSlots::ExtendPlan plan = slots_[i]->plan_extend(slot, tokens);
+    const RequestSlots::ExtendPlan plan = slots_[i]->plan_extend(slot, grow_[i]);
     const std::int32_t available = alloc_[i]->free_pages() + plan.evict;
     GD_REQUIRE(plan.add <= available, "pages_requested", plan.add,
                "KV pool exhausted: " + pool_name(i, g) + " has " + std::to_string(available) +
@@ -172,7 +190,7 @@ void KvLedger::extend(std::int32_t slot, std::int32_t tokens, std::int32_t group
     cmds_[i]->require_room((plan.evict > 0) + (plan.add > 0), plan.add);
   }
   for (std::int32_t i = 0; i < num_pools(); ++i) {
-    if (self_pool_of(i, group)) slots_[i]->extend(slot, tokens, *cmds_[i]);
+    if (grow_[i] >= 0) slots_[i]->extend(slot, grow_[i], *cmds_[i]);
   }
 }
 

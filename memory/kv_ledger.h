@@ -67,6 +67,9 @@ class KvLedger {
   // Positions [tokens(slot), tokens(slot) + tokens) in every self-attention (full and sliding)
   // pool of `group` (kAllGroups: every model): pages allocated, pages left of a window returned.
   void extend(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
+  // Per model: tokens[g] more positions in the self pools of group g (a speculative step's target
+  // and draft grow by different counts), all-or-nothing across every pool.
+  void extend_groups(std::int32_t slot, std::span<const std::int32_t> tokens);
   // Speculative rollback: keeps the first `tokens` positions in the self pools of `group`.
   void truncate(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
   // The request's encoder keys in every cross pool (once per request).
@@ -99,6 +102,8 @@ class KvLedger {
 
  private:
   bool self_pool_of(std::int32_t pool, std::int32_t group) const;
+  // The extend of every self pool i by grow_[i] (-1: untouched), checked in full first.
+  void extend_pools(std::int32_t slot);
   std::int32_t require_slot(std::int32_t slot, const char* what) const;
 
   std::vector<LedgerPool> pools_;
@@ -106,8 +111,9 @@ class KvLedger {
   std::vector<std::unique_ptr<RequestSlots>> slots_;
   std::vector<std::unique_ptr<TableCommandBatch>> cmds_;
   std::vector<std::int32_t> reserved_;     // [pool] pages reserved by admitted requests
-  std::vector<std::int32_t> reservation_;  // [slot][pool] pages reserved (0: none)
+  std::vector<std::int32_t> reservation_;  // [slot][pool] pages reserved (-1: none)
   std::vector<std::int32_t> need_;         // [pool] admission scratch, sized once
+  std::vector<std::int32_t> grow_;         // [pool] extend scratch (-1: untouched), sized once
 };
 
 }  // namespace graphdecode

@@ -28,7 +28,7 @@ struct AttentionContext {
   AttentionKind kind = AttentionKind::kFull;
   PagedKvView kv;              // this layer's K/V in its pool (page table included)
   std::int32_t max_slots = 0;  // rows of the pool's page table (the K/V write bounds check)
-  AttentionBatch batch;         // the phase's batch for this kind (window applied for sliding)
+  AttentionBatch batch;        // the phase's batch for this kind (window applied for sliding)
   const PagedAttention* attention = nullptr;
 };
 

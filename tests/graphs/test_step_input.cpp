@@ -360,7 +360,7 @@ TEST(StepInputWriter, LogitRowsAreStoredAndBoundedByCapacity) {
 TEST(StepInputWriter, SpeculativeStepsAreBoundedByTheDraftCapacity) {
   GeneratedStep s;
   s.mode = StepMode::kSpeculative;
-  s.tokens_per_request = 3;                       // k = 3 drafts, verify of 4 rows
+  s.tokens_per_request = 3;                        // k = 3 drafts, verify of 4 rows
   s.requests = {{5, 100, 4, 0}, {9, 4089, 1, 0}};  // 4089 + 1 + 3 = 4093 <= 4096
   s.token_ids = {1, 2, 3, 4, 5};
   StepCapacity cap = small_capacity();
