@@ -1,10 +1,9 @@
-#include "engine/row_sampler.h"
-
 #include <algorithm>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "engine/kernels/sampling.h"
+#include "engine/row_sampler.h"
 
 namespace graphdecode {
 namespace {

@@ -1,7 +1,6 @@
-#include "engine/spec/accept.h"
-
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "engine/spec/accept.h"
 #include "engine/spec/spec_rules.h"
 
 namespace graphdecode {
@@ -53,8 +52,8 @@ void publish_last_tokens(const StepMetaView& meta, const std::int32_t* tokens,
                          const std::int32_t* flag_a, const std::int32_t* flag_b,
                          cudaStream_t stream) {
   GD_REQUIRE(stride >= 2 && max_rows >= 1, "stride", stride, "needs a count and a token");
-  PublishLastParams p{meta.scalars + StepMetaLayout::kNumRequests, tokens, out, stride, max_rows,
-                      flag_a, flag_b};
+  PublishLastParams p{
+      meta.scalars + StepMetaLayout::kNumRequests, tokens, out, stride, max_rows, flag_a, flag_b};
   publish_last_kernel<<<static_cast<unsigned>((max_rows + kThreads - 1) / kThreads), kThreads, 0,
                         stream>>>(p);
   GD_CHECK_LAUNCH();
@@ -65,8 +64,8 @@ void accept_greedy(const AcceptArgs& a, cudaStream_t stream) {
   GD_REQUIRE(a.stride >= a.k + 2, "stride", a.stride, "must hold a count and k + 1 tokens");
   GD_REQUIRE(a.max_rows >= 1, "max_rows", a.max_rows, "must be positive");
   GD_REQUIRE(a.picks != nullptr && a.out != nullptr, "picks/out", "nullptr", "must be set");
-  accept_greedy_kernel<<<static_cast<unsigned>((a.max_rows + kThreads - 1) / kThreads), kThreads,
-                         0, stream>>>(a);
+  accept_greedy_kernel<<<static_cast<unsigned>((a.max_rows + kThreads - 1) / kThreads), kThreads, 0,
+                         stream>>>(a);
   GD_CHECK_LAUNCH();
 }
 

@@ -14,13 +14,13 @@
 namespace graphdecode {
 
 struct AcceptArgs {
-  StepMetaView verify;                     // the verify phase's block
-  const std::int32_t* picks = nullptr;     // [num_requests * (k + 1)] the target's tokens
-  std::int32_t k = 0;                      // draft tokens per request
+  StepMetaView verify;                  // the verify phase's block
+  const std::int32_t* picks = nullptr;  // [num_requests * (k + 1)] the target's tokens
+  std::int32_t k = 0;                   // draft tokens per request
   // [max_rows][stride] out: word 0 = committed count a + 1, words 1 .. a + 1 = the tokens.
   std::int32_t* out = nullptr;
-  std::int32_t stride = 0;                 // >= k + 2
-  std::int32_t max_rows = 0;               // grid rows (>= live requests)
+  std::int32_t stride = 0;    // >= k + 2
+  std::int32_t max_rows = 0;  // grid rows (>= live requests)
   // Optional: sticky error flags of the models (bad token ids), OR-ed into out[max_rows * stride].
   const std::int32_t* flag_a = nullptr;
   const std::int32_t* flag_b = nullptr;

@@ -13,9 +13,9 @@ void reserve_spec_step(KvLedger& ledger, std::int32_t slot, const SpecRequestSta
   GD_REQUIRE(c >= 1, "pending", c, "a speculative step starts from the last committed token");
   GD_REQUIRE(k >= 0, "k", k, "cannot be negative");
   const std::int32_t p = s.draft_cached + c - 1;
-  GD_REQUIRE(p == s.target_cached, "draft_cached", s.draft_cached,
-             "the pending tokens must end at the target's cache end " +
-                 std::to_string(s.target_cached));
+  GD_REQUIRE(
+      p == s.target_cached, "draft_cached", s.draft_cached,
+      "the pending tokens must end at the target's cache end " + std::to_string(s.target_cached));
   GD_REQUIRE(ledger.tokens(slot, kTargetGroup) == s.target_cached, "slot", slot,
              "the target's pages do not end at its cache end");
   GD_REQUIRE(ledger.tokens(slot, kDraftGroup) == s.draft_cached, "slot", slot,

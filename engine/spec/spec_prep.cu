@@ -1,10 +1,9 @@
-#include "engine/spec/spec_prep.h"
-
 #include <string>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "engine/spec/spec_phase.h"
+#include "engine/spec/spec_prep.h"
 
 namespace graphdecode {
 namespace {
@@ -12,14 +11,15 @@ namespace {
 constexpr int kThreads = 256;
 
 struct SpecPrepParams {
-  StepMetaView x;                    // the draft-extend (the step prep's block)
-  StepMetaView verify;               // out
+  StepMetaView x;                           // the draft-extend (the step prep's block)
+  StepMetaView verify;                      // out
   StepMetaView decode[kMaxSpecDrafts - 1];  // out: draft decodes 1 .. k - 1 at [j - 1]
-  spec_rules::PhaseShape shape;      // sizes; width/offset/mode set per phase
+  spec_rules::PhaseShape shape;             // sizes; width/offset/mode set per phase
   std::int32_t k;
 };
 
-__global__ void __launch_bounds__(kThreads) spec_prep_kernel(const __grid_constant__ SpecPrepParams p) {
+__global__ void __launch_bounds__(kThreads)
+    spec_prep_kernel(const __grid_constant__ SpecPrepParams p) {
   spec_rules::PhaseShape s = p.shape;
   s.width = p.k + 1;
   s.offset = 0;

@@ -1,11 +1,10 @@
-#include "engine/spec/spec_step.h"
-
 #include <algorithm>
 #include <string>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "engine/spec/accept.h"
+#include "engine/spec/spec_step.h"
 
 namespace graphdecode {
 

@@ -55,7 +55,9 @@ struct Prepared {
   }
 };
 
-std::vector<int> range(const std::int32_t* p, int n) { return std::vector<int>(p, p + n); }
+std::vector<int> range(const std::int32_t* p, int n) {
+  return std::vector<int>(p, p + n);
+}
 
 TEST(SpecPrep, VerifyAndDraftDecodesHandChecked) {
   const Prepared p(3);  // k = 3: verify of 4 rows, draft decodes 1 and 2
@@ -103,17 +105,13 @@ TEST(SpecPrep, NoDraftsVerifiesTheLastCommittedTokenAlone) {
 
 TEST(SpecRules, GreedyAcceptanceTakesTheLongestMatchingPrefix) {
   const std::int32_t drafts[] = {5, 6, 7};
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3,
-                                        -1),
-            3);
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 9, 7, 8}.data(), 3,
-                                        -1),
-            1);
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{1, 6, 7, 8}.data(), 3,
-                                        -1),
-            0);
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3,
-                                        2),
+  EXPECT_EQ(
+      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3, -1), 3);
+  EXPECT_EQ(
+      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 9, 7, 8}.data(), 3, -1), 1);
+  EXPECT_EQ(
+      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{1, 6, 7, 8}.data(), 3, -1), 0);
+  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3, 2),
             2);
   EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5}.data(), 0, -1), 0);
 }
@@ -143,8 +141,8 @@ TEST(SpecBook, ReserveAndCommitGiveEachStepItsPages) {
   ledger.extend(slot, 10);  // a prefill of 10 prompt tokens in both models
   SpecRequestState s{10, 10, {42}};
   reserve_spec_step(ledger, slot, s, 3);
-  EXPECT_EQ(ledger.tokens(slot, kTargetGroup), 14);  // verify positions 10 .. 13
-  EXPECT_EQ(ledger.tokens(slot, kDraftGroup), 13);   // extend 10, decodes 11 .. 12
+  EXPECT_EQ(ledger.tokens(slot, kTargetGroup), 14);       // verify positions 10 .. 13
+  EXPECT_EQ(ledger.tokens(slot, kDraftGroup), 13);        // extend 10, decodes 11 .. 12
   const std::vector<std::int32_t> committed = {5, 6, 9};  // two drafts accepted, then the target's
   commit_spec_step(ledger, slot, s, committed);
   EXPECT_EQ(s.target_cached, 13);  // 42, 5, 6 cached; 9 is the last committed token
