@@ -8,7 +8,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/request_rules.h"
-#include "graphs/step_rules.h"
+#include "engine/decode_runner.h"
 
 namespace graphdecode {
 namespace {
@@ -21,6 +21,10 @@ const EngineConfig& validated(const EngineConfig& c) {
   GD_REQUIRE(c.sliding_pages >= 0, "sliding_pages", c.sliding_pages,
              "cannot be negative (0 = default)");
   GD_REQUIRE(c.page_size >= 1, "page_size", c.page_size, "must be positive");
+  GD_REQUIRE(
+      c.speculative.max_draft_tokens >= 0 && c.speculative.max_draft_tokens <= kMaxSpecDrafts,
+      "speculative.max_draft_tokens", c.speculative.max_draft_tokens,
+      "in [0, " + std::to_string(kMaxSpecDrafts) + "] (0 = off)");
   return c;
 }
 
@@ -29,10 +33,13 @@ std::int32_t default_kv_pages(const EngineConfig& c) {
 }
 
 RuntimeOptions runtime_options(const EngineConfig& c) {
+  const std::int32_t k = c.speculative.max_draft_tokens;
   RuntimeOptions o;
   o.max_batch = c.max_batch;
-  o.max_tokens = std::max(c.max_step_tokens, c.max_batch);
-  o.max_kv_len = c.max_context;
+  // A speculative step verifies k + 1 rows per request, k positions past the last committed token.
+  o.max_tokens = std::max({c.max_step_tokens, c.max_batch, c.max_batch * (k + 1)});
+  o.max_logit_rows = k > 0 ? c.max_batch * (k + 1) : 0;
+  o.max_kv_len = c.max_context + k;
   o.page_size = c.page_size;
   o.deterministic = c.deterministic;
   // +1: page 0 of every pool is the reserved padding page.
@@ -41,20 +48,14 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
   return o;
 }
 
-StepCapacity engine_capacity(const AttentionLayout& layout, const RuntimeOptions& o) {
-  const AttentionLayout models[] = {layout};
-  StepCapacity cap = step_capacity(o, models);
-  cap.aux_words = SamplingWords::kCount;
-  cap.token_feedback = true;
-  return cap;
-}
-
-SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c) {
+SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c,
+                                 std::int32_t slack) {
   SchedulerConfig s;
   s.max_batch = c.max_batch;
   s.max_step_tokens = std::max(c.max_step_tokens, c.max_batch);
   s.max_context = c.max_context;
   s.vocab_size = model.vocab_size;
+  s.reserve_slack = slack;
   return s;
 }
 
@@ -67,34 +68,35 @@ double percentile(std::vector<double> v, double q) {
 
 }  // namespace
 
-Engine::Engine(const HostWeights& weights, const EngineConfig& config)
+Engine::Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft)
     : config_(validated(config)) {
   const RuntimeOptions ro = runtime_options(config_);
-  const AttentionLayout layout = llama_attention_layout(weights.config);
-  const StepCapacity cap = engine_capacity(layout, ro);
-  const std::vector<LedgerPool> pools = ledger_pools(cap, ro);
-  step_ = std::make_unique<StepContext>(cap, pools);
-  runtime_ = std::make_unique<ModelRuntime>(layout, ro, *step_, 0, stream_);
-  model_ = std::make_unique<LlamaModel>(weights, ro, stream_);
-  program_ = std::make_unique<SamplingStep>(*runtime_, *model_, stream_);
-  StepGraphsConfig gc;
-  gc.modes = {GraphMode{StepMode::kDecode, 1, LogitRows::kLastPerRequest}};
-  gc.use_graphs = config_.use_graphs;
-  graphs_ = std::make_unique<StepGraphs>(step_->input(), *program_, gc);
-  graphs_->capture(stream_);
-  scheduler_ =
-      std::make_unique<Scheduler>(scheduler_config(weights.config, config_), step_->ledger());
+  if (speculative()) {
+    GD_REQUIRE(draft != nullptr, "draft", "none",
+               "speculative.max_draft_tokens > 0 needs a draft model");
+    SpecRunnerConfig sc;
+    sc.max_draft_tokens = config_.speculative.max_draft_tokens;
+    sc.k_by_batch = config_.speculative.k_by_batch;
+    sc.use_graphs = config_.use_graphs;
+    runner_ = std::make_unique<SpecRunner>(weights, *draft, ro, sc, stream_);
+  } else {
+    GD_REQUIRE(draft == nullptr, "speculative.max_draft_tokens", 0,
+               "a draft model was given: set max_draft_tokens >= 1 to use it");
+    runner_ = std::make_unique<DecodeRunner>(weights, ro, config_.use_graphs, stream_);
+  }
+  scheduler_ = std::make_unique<Scheduler>(
+      scheduler_config(weights.config, config_, runner_->reserve_slack()), runner_->ledger());
 
   const auto b = static_cast<std::size_t>(config_.max_batch);
+  const auto k = static_cast<std::size_t>(config_.speculative.max_draft_tokens);
   plan_.requests.reserve(b);
   plan_.admitted.reserve(b);
-  requests_.reserve(b);
-  token_ids_.reserve(static_cast<std::size_t>(cap.max_tokens));
-  aux_.reserve(b * SamplingWords::kCount);
-  sampled_.reserve(b);
-  events_.reserve(b);
+  result_.counts.reserve(b);
+  result_.tokens.reserve(b * (k + 1));
+  events_.reserve(b * (k + 1));
   callbacks_.reserve(4 * b);
-  published_ = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(program_->max_rows()) + 1);
+  stats_.drafted_at.assign(k, 0);
+  stats_.accepted_at.assign(k, 0);
   decode_us_.assign(kLatencyWindow, 0.0);
   stream_.synchronize();  // start-up: weights, pools and graphs are in place
 }
@@ -109,58 +111,15 @@ RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
   return id;
 }
 
-void Engine::build_step() {
-  requests_.clear();
-  token_ids_.clear();
-  aux_.clear();
-  const bool decode = plan_.kind == StepKind::kDecode;
-  KvLedger& ledger = step_->ledger();
-  for (const PlannedRequest& p : plan_.requests) {
-    // Cannot fail for want of pages: the scheduler admitted the request only with its whole
-    // extent reserved.
-    ledger.extend(p.slot, p.extend_len);
-    requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, 0});
-    if (decode) {
-      // The input token is the one this slot sampled last step, already on the device.
-      token_ids_.push_back(step_rules::kTokenFromDevice);
-    } else {
-      token_ids_.insert(token_ids_.end(), p.tokens.begin(), p.tokens.end());
-    }
-    const std::size_t at = aux_.size();
-    aux_.resize(at + SamplingWords::kCount);
-    SamplingWords::write(scheduler_->sampling(p.id),
-                         std::span<std::int32_t>(aux_).subspan(at, SamplingWords::kCount));
-  }
-}
-
 bool Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
   scheduler_->next_step(plan_);
   if (plan_.empty()) return false;
-  build_step();
-
-  StepDesc d;
-  d.mode = plan_.kind == StepKind::kDecode ? StepMode::kDecode : StepMode::kExtend;
-  d.tokens_per_request = plan_.kind == StepKind::kDecode ? 1 : 0;
-  d.requests = requests_;
-  d.token_ids = token_ids_;
-  d.aux = aux_;
-  step_->attach_commands(d);
-  const StepPath path = graphs_->step(d, stream_);
-  step_->ledger().clear_commands();
-  const std::size_t rows = static_cast<std::size_t>(program_->max_rows());
-  GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(),
-                          (rows + 1) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
-  copied_.record(stream_);
-  copied_.synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
-  const std::int32_t bad = published_.data()[rows];
-  GD_REQUIRE(bad == 0, "bad_token_flag", bad,
-             "the embedding saw a token id outside the vocabulary (internal error)");
-
-  sampled_.assign(published_.data(), published_.data() + plan_.requests.size());
+  runner_->run(plan_, *scheduler_, result_);
   // Releases finished requests in the ledger before any callback runs, so a throwing callback
   // leaves the books consistent.
-  scheduler_->on_step_done(plan_, sampled_, events_);
+  scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);
+  runner_->retire(events_);
   for (const TokenEvent& e : events_) {
     const auto it = callbacks_.find(e.id);
     if (it == callbacks_.end()) continue;
@@ -172,14 +131,28 @@ bool Engine::step() {
       it->second(e);
     }
   }
+  record(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
+         result_);
+  return true;
+}
 
-  const double us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+void Engine::record(double us, const StepResult& r) {
   ++stats_.steps;
-  (path == StepPath::kGraph ? stats_.graph_steps : stats_.eager_steps) += 1;
+  (r.path == StepPath::kGraph ? stats_.graph_steps : stats_.eager_steps) += 1;
   if (plan_.kind == StepKind::kDecode) {
     ++stats_.decode_steps;
     decode_us_[decode_next_++ % kLatencyWindow] = us;
+    if (speculative()) {
+      for (const std::int32_t n : r.counts) {
+        ++stats_.spec_rows;
+        stats_.drafted_tokens += r.drafts;
+        stats_.accepted_tokens += n - 1;
+        for (std::int32_t j = 0; j < r.drafts; ++j) {
+          ++stats_.drafted_at[static_cast<std::size_t>(j)];
+          stats_.accepted_at[static_cast<std::size_t>(j)] += j < n - 1;
+        }
+      }
+    }
   } else {
     ++stats_.prefill_steps;
     for (const PlannedRequest& p : plan_.requests) stats_.prompt_tokens += p.extend_len;
@@ -187,7 +160,6 @@ bool Engine::step() {
   stats_.generated_tokens += static_cast<std::int64_t>(events_.size());
   for (const TokenEvent& e : events_) stats_.finished += e.finished ? 1 : 0;
   stats_.busy_s += us * 1e-6;
-  return true;
 }
 
 void Engine::run_until_idle() {

@@ -7,13 +7,18 @@
 //   std::printf("%.1f tok/s\n", engine.stats().tokens_per_s());
 //
 // One step: Scheduler (admission by reservation in the page ledger, chunked prefill, decode) ->
-// the ledger extends the planned requests (page-table commands across the model's pools) ->
-// StepGraphs::step (host writes the step image: requests, token ids, table commands, sampling
-// parameters; ONE copy; ONE graph launch or the eager fallback) -> in the graph: prep, model,
-// device sampling, tokens published to a per-slot feedback buffer (decode rows of the next step
-// read their input token there) and to a small output array -> ONE D2H copy of that array ->
-// Scheduler::on_step_done (stop tokens, max_new_tokens; finished requests' slots and pages
-// released in the ledger) -> callbacks.
+// the step runner (engine/step_runner.h): the ledger extends the planned requests (page-table
+// commands across the models' pools), the host writes the step image (requests, token ids, table
+// commands, sampling parameters; ONE copy), ONE graph launch or the eager fallback (prep, model,
+// device sampling; with a draft model a whole speculative step: draft, verify, accept), ONE D2H
+// copy of the committed tokens -> Scheduler::on_step_done (stop tokens, max_new_tokens token by
+// token; finished requests' slots and pages released in the ledger) -> callbacks.
+//
+// Speculative decoding (engine/spec/): pass a draft model of the target's vocabulary and set
+// speculative.max_draft_tokens. Decode steps then draft k tokens per request (k from the batch
+// size), verify them with the target in one pass and commit the accepted prefix and the
+// target's next token. Greedy requests get exactly the target's greedy tokens; sampled requests
+// (and those with RequestSpec::speculate false) commit the target's sample, one token per step.
 //
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
 // that could never fit the KV pool, bad sampling parameters) is refused by submit() with an Error
@@ -33,13 +38,11 @@
 #include "common/buffers.h"
 #include "common/stream.h"
 #include "engine/llama_model.h"
-#include "engine/runtime/model_runtime.h"
-#include "engine/runtime/step_context.h"
-#include "engine/sampling_step.h"
 #include "engine/scheduler.h"
+#include "engine/spec/spec_runner.h"
+#include "engine/step_runner.h"
 #include "engine/weights.h"
 #include "graphs/step_graphs.h"
-#include "graphs/step_input.h"
 
 namespace graphdecode {
 
@@ -52,6 +55,12 @@ struct EngineConfig {
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV
+  // Speculative decoding with the draft model passed to the Engine: most draft tokens per step
+  // (0 = off) and k by batch size (empty: default_k_rules).
+  struct Speculative {
+    std::int32_t max_draft_tokens = 0;
+    std::vector<SpecKRule> k_by_batch;
+  } speculative;
 };
 
 using TokenCallback = std::function<void(const TokenEvent&)>;
@@ -63,6 +72,14 @@ struct EngineStats {
   std::int64_t generated_tokens = 0;  // sampled and delivered
   std::int64_t finished = 0;
   double busy_s = 0;  // wall time inside step(), host + device
+  // Speculative decoding: request-steps of speculative steps, drafts proposed and accepted, and
+  // per draft position j (0-based) how often a draft was proposed and accepted there.
+  std::int64_t spec_rows = 0, drafted_tokens = 0, accepted_tokens = 0;
+  std::vector<std::int64_t> drafted_at, accepted_at;
+  // Tokens a request commits per speculative step (accepted drafts + the target's token).
+  double tokens_per_spec_row() const {
+    return spec_rows > 0 ? static_cast<double>(accepted_tokens + spec_rows) / spec_rows : 0.0;
+  }
   // Wall time of decode steps (host write + copy + launch + device + token read), microseconds,
   // over the last kLatencyWindow decode steps.
   double decode_p50_us = 0, decode_p90_us = 0, decode_p99_us = 0;
@@ -74,8 +91,10 @@ class Engine {
   static constexpr std::size_t kLatencyWindow = 4096;
 
   // Uploads the weights, allocates every buffer, captures the decode graphs. Throws Error for an
-  // unsupported model config or engine config (naming the field), or on a CUDA failure.
-  Engine(const HostWeights& weights, const EngineConfig& config);
+  // unsupported model config or engine config (naming the field), or on a CUDA failure. `draft`
+  // (with config.speculative.max_draft_tokens >= 1): the draft model of speculative decoding.
+  Engine(const HostWeights& weights, const EngineConfig& config,
+         const HostWeights* draft = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -92,34 +111,25 @@ class Engine {
   std::int32_t running() const noexcept { return scheduler_->running(); }
   EngineStats stats() const;
   const EngineConfig& config() const noexcept { return config_; }
-  const LlamaModel& model() const noexcept { return *model_; }
-  const StepGraphs& graphs() const noexcept { return *graphs_; }
-  const KvLedger& ledger() const noexcept { return step_->ledger(); }
+  const LlamaModel& model() const noexcept { return runner_->model(); }
+  const StepGraphs& graphs() const noexcept { return runner_->graphs(); }
+  const KvLedger& ledger() const noexcept { return runner_->ledger(); }
+  bool speculative() const noexcept { return config_.speculative.max_draft_tokens > 0; }
   cudaStream_t stream() const noexcept { return stream_; }
 
  private:
-  void build_step();
-  void finish_step(double step_us);
+  void record(double us, const StepResult& result);
 
   EngineConfig config_;
   Stream stream_;
-  std::unique_ptr<StepContext> step_;
-  std::unique_ptr<ModelRuntime> runtime_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<SamplingStep> program_;
-  std::unique_ptr<StepGraphs> graphs_;
+  std::unique_ptr<StepRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<RequestId, TokenCallback> callbacks_;
 
   // Per-step host staging, sized at start-up.
   StepPlan plan_;
-  std::vector<StepRequest> requests_;
-  std::vector<std::int32_t> token_ids_;
-  std::vector<std::int32_t> aux_;
-  std::vector<std::int32_t> sampled_;
+  StepResult result_;
   std::vector<TokenEvent> events_;
-  PinnedBuffer<std::int32_t> published_;  // [max_logit_rows + 1]
-  Event copied_{cudaEventDisableTiming};
 
   EngineStats stats_;
   std::vector<double> decode_us_;  // ring of kLatencyWindow

@@ -17,22 +17,26 @@
 
 namespace graphdecode {
 
-// Aux words of one request: what the sampler needs for its rows.
+// Aux words of one request: what the sampler needs for its rows, and how many drafts a
+// speculative step may accept for it.
 struct SamplingWords {
   static constexpr std::int32_t kTemperature = 0;  // float bits
   static constexpr std::int32_t kTopK = 1;
-  static constexpr std::int32_t kTopP = 2;    // float bits
-  static constexpr std::int32_t kSeedLo = 3;  // seed, low 32 bits
-  static constexpr std::int32_t kSeedHi = 4;  // seed, high 32 bits
-  static constexpr std::int32_t kCount = 5;
+  static constexpr std::int32_t kTopP = 2;         // float bits
+  static constexpr std::int32_t kSeedLo = 3;       // seed, low 32 bits
+  static constexpr std::int32_t kSeedHi = 4;       // seed, high 32 bits
+  static constexpr std::int32_t kAcceptLimit = 5;  // drafts a speculative step may accept; < 0 all
+  static constexpr std::int32_t kCount = 6;
 
   // Writes the words of one request into `out` ([kCount]).
-  static void write(const SamplingParams& p, std::span<std::int32_t> out) {
+  static void write(const SamplingParams& p, std::int32_t accept_limit,
+                    std::span<std::int32_t> out) {
     out[kTemperature] = std::bit_cast<std::int32_t>(p.temperature);
     out[kTopK] = p.top_k;
     out[kTopP] = std::bit_cast<std::int32_t>(p.top_p);
     out[kSeedLo] = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.seed));
     out[kSeedHi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.seed >> 32));
+    out[kAcceptLimit] = accept_limit;
   }
 };
 

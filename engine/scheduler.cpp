@@ -14,16 +14,19 @@ void SchedulerConfig::validate() const {
   GD_REQUIRE(max_step_tokens > 0, "max_step_tokens", max_step_tokens, "must be positive");
   GD_REQUIRE(max_context > 1, "max_context", max_context, "must be at least 2");
   GD_REQUIRE(vocab_size > 0, "vocab_size", vocab_size, "must be positive");
+  GD_REQUIRE(reserve_slack >= 0, "reserve_slack", reserve_slack, "cannot be negative");
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvLedger& ledger)
     : config_(config), ledger_(ledger) {
   config_.validate();
+  ones_.reserve(static_cast<std::size_t>(config_.max_batch));
 }
 
-KvReservation Scheduler::reservation(const RequestSpec& s) {
+KvReservation Scheduler::reservation(const RequestSpec& s) const {
   KvReservation r;
-  r.max_tokens = static_cast<std::int32_t>(s.prompt.size()) + s.max_new_tokens;
+  r.max_tokens =
+      static_cast<std::int32_t>(s.prompt.size()) + s.max_new_tokens + config_.reserve_slack;
   return r;
 }
 
@@ -122,32 +125,59 @@ std::vector<TokenEvent> Scheduler::on_step_done(const StepPlan& plan,
 
 void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
                              std::vector<TokenEvent>& events) {
-  events.clear();
   GD_REQUIRE(sampled.size() == plan.requests.size(), "sampled.size()", sampled.size(),
              "needs one entry per planned request");
+  ones_.assign(plan.requests.size(), 1);
+  on_step_done(plan, ones_, sampled, events);
+}
+
+void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t> counts,
+                             std::span<const std::int32_t> tokens,
+                             std::vector<TokenEvent>& events) {
+  events.clear();
+  GD_REQUIRE(counts.size() == plan.requests.size(), "counts.size()", counts.size(),
+             "needs one entry per planned request");
+  std::size_t total = 0;
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {
     const PlannedRequest& p = plan.requests[i];
     GD_REQUIRE(requests_.count(p.id) == 1, "request", p.id, "is not running");
-    if (p.samples)
-      GD_REQUIRE(sampled[i] >= 0 && sampled[i] < config_.vocab_size, "sampled token", sampled[i],
-                 "outside the vocabulary");
+    GD_REQUIRE(!p.samples || counts[i] >= 1, "counts[" + std::to_string(i) + "]", counts[i],
+               "a sampling row commits at least one token");
+    GD_REQUIRE(p.samples || counts[i] >= 0, "counts[" + std::to_string(i) + "]", counts[i],
+               "cannot be negative");
+    for (std::int32_t j = 0; p.samples && j < counts[i]; ++j) {
+      const std::int32_t t = tokens[total + static_cast<std::size_t>(j)];
+      GD_REQUIRE(t >= 0 && t < config_.vocab_size, "sampled token", t, "outside the vocabulary");
+    }
+    total += static_cast<std::size_t>(counts[i]);
   }
+  GD_REQUIRE(tokens.size() >= total, "tokens.size()", tokens.size(), "fewer than the counts say");
+  std::size_t at = 0;
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {
     const PlannedRequest& p = plan.requests[i];
+    const auto n = static_cast<std::size_t>(counts[i]);
+    const std::span<const std::int32_t> mine = tokens.subspan(at, n);
+    at += n;
     Request& r = requests_.at(p.id);
-    r.cached += p.extend_len;
-    if (!p.samples) continue;
-    const std::int32_t token = sampled[i];
-    r.tokens.push_back(token);
-    ++r.generated;
-    const auto& stop = r.spec.stop_tokens;
-    const bool finished = r.generated >= r.spec.max_new_tokens ||
-                          std::find(stop.begin(), stop.end(), token) != stop.end();
-    events.push_back(TokenEvent{p.id, token, finished});
-    if (finished) {
+    if (!p.samples) {
+      r.cached += p.extend_len;
+      continue;
+    }
+    // Prefill: the chunk is cached now; decode and speculative rows: every committed token but the
+    // last is cached now (the last is the next step's input).
+    r.cached += plan.kind == StepKind::kExtend ? p.extend_len : static_cast<std::int32_t>(n);
+    for (const std::int32_t token : mine) {
+      r.tokens.push_back(token);
+      ++r.generated;
+      const auto& stop = r.spec.stop_tokens;
+      const bool finished = r.generated >= r.spec.max_new_tokens ||
+                            std::find(stop.begin(), stop.end(), token) != stop.end();
+      events.push_back(TokenEvent{p.id, token, finished});
+      if (!finished) continue;
       ledger_.release(r.slot);
       running_.erase(std::find(running_.begin(), running_.end(), p.id));
       requests_.erase(p.id);
+      break;  // tokens past a stop or the limit are never delivered
     }
   }
 }
@@ -166,6 +196,9 @@ std::int32_t Scheduler::generated(RequestId id) const {
 }
 const SamplingParams& Scheduler::sampling(RequestId id) const {
   return find(id).spec.sampling;
+}
+bool Scheduler::speculates(RequestId id) const {
+  return find(id).spec.speculate;
 }
 
 }  // namespace graphdecode

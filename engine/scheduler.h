@@ -5,9 +5,10 @@
 //   * an extend step when some admitted request still has prompt tokens to prefill: prompts are
 //     cut into chunks so the step holds at most max_step_tokens new tokens (chunked prefill);
 //   * otherwise a decode step with every decoding request (one new token each).
-// After the device ran the step, on_step_done() takes the sampled token of every request whose
-// step ended on a sampling position (decode rows; extend rows that finished their prompt),
-// applies stop tokens and max_new_tokens, and releases finished requests' slots and pages in the
+// After the device ran the step, on_step_done() takes the tokens each request committed (one
+// sampled token for decode rows and extend rows that finished their prompt; several for a
+// speculative step), applies stop tokens and max_new_tokens token by token (tokens past a stop or
+// the limit are dropped, never delivered), and releases finished requests' slots and pages in the
 // ledger (their table commands ride in the next step's image).
 //
 // KV admission is by reservation, read from the ledger (no second count): a request is admitted
@@ -41,6 +42,7 @@ struct RequestSpec {
   std::int32_t max_new_tokens = 16;       // >= 1
   std::vector<std::int32_t> stop_tokens;  // generation ends after emitting one of these
   SamplingParams sampling;
+  bool speculate = true;  // in an engine with speculative decoding: draft for this request
 };
 
 struct SchedulerConfig {
@@ -48,6 +50,9 @@ struct SchedulerConfig {
   std::int32_t max_step_tokens = 2048;  // new tokens in one extend step (prefill chunk budget)
   std::int32_t max_context = 4096;      // prompt + generated tokens of one request
   std::int32_t vocab_size = 0;
+  // Positions a request may hold past prompt + max_new_tokens (a speculative step verifies k
+  // drafts past its last committed token): part of every reservation.
+  std::int32_t reserve_slack = 0;
 
   void validate() const;  // Error names the bad field
 };
@@ -98,6 +103,10 @@ class Scheduler {
   // The same into `events` (cleared first), reusing its storage.
   void on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
                     std::vector<TokenEvent>& events);
+  // Several tokens per request: plan.requests[i] committed counts[i] tokens (>= 1 where samples,
+  // else ignored), stored one request after the other in `tokens`.
+  void on_step_done(const StepPlan& plan, std::span<const std::int32_t> counts,
+                    std::span<const std::int32_t> tokens, std::vector<TokenEvent>& events);
 
   std::int32_t waiting() const noexcept { return static_cast<std::int32_t>(queue_.size()); }
   std::int32_t running() const noexcept { return static_cast<std::int32_t>(running_.size()); }
@@ -106,6 +115,7 @@ class Scheduler {
   std::span<const std::int32_t> tokens(RequestId id) const;
   std::int32_t generated(RequestId id) const;
   const SamplingParams& sampling(RequestId id) const;
+  bool speculates(RequestId id) const;
 
  private:
   struct Request {
@@ -115,7 +125,7 @@ class Scheduler {
     std::int32_t generated = 0;
     std::int32_t slot = 0;  // while admitted
   };
-  static KvReservation reservation(const RequestSpec& s);
+  KvReservation reservation(const RequestSpec& s) const;
   const Request& find(RequestId id) const;
 
   SchedulerConfig config_;
@@ -124,6 +134,7 @@ class Scheduler {
   std::deque<RequestId> queue_;     // waiting, FIFO
   std::vector<RequestId> running_;  // admitted, in admission order
   std::unordered_map<RequestId, Request> requests_;
+  std::vector<std::int32_t> ones_;  // on_step_done of one token per request
 };
 
 }  // namespace graphdecode

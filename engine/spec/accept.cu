@@ -18,7 +18,10 @@ __global__ void accept_greedy_kernel(const __grid_constant__ AcceptArgs a) {
   const std::int32_t w = a.k + 1;
   const std::int32_t* drafts = a.verify.token_id + r * w + 1;
   const std::int32_t* picks = a.picks + r * w;
-  const std::int32_t accepted = spec_rules::greedy_accepted(drafts, picks, a.k, -1);
+  const std::int32_t limit =
+      a.aux != nullptr ? a.aux[static_cast<std::int64_t>(r) * a.aux_words + a.accept_limit_word]
+                       : -1;
+  const std::int32_t accepted = spec_rules::greedy_accepted(drafts, picks, a.k, limit);
   std::int32_t* out = a.out + static_cast<std::int64_t>(r) * a.stride;
   out[0] = accepted + 1;
   for (std::int32_t i = 0; i < accepted; ++i) out[1 + i] = drafts[i];

@@ -2,7 +2,9 @@
 // drafts d_1 .. d_k are the verify block's token ids of rows r(k+1) + 1 .. r(k+1) + k, the
 // target's picks y_0 .. y_k its tokens for rows r(k+1) .. r(k+1) + k (argmax for greedy
 // requests), a = the longest prefix of drafts equal to the picks; the step commits d_1 .. d_a and
-// y_a. One thread per request; graph-safe (live count read on the device).
+// y_a; at most the request's accept limit (its SamplingWords::kAcceptLimit aux word: 0 for a
+// request that does not speculate, or whose sampling a greedy acceptance would not preserve).
+// One thread per request; graph-safe (live count read on the device).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +19,9 @@ struct AcceptArgs {
   StepMetaView verify;                  // the verify phase's block
   const std::int32_t* picks = nullptr;  // [num_requests * (k + 1)] the target's tokens
   std::int32_t k = 0;                   // draft tokens per request
+  const std::int32_t* aux = nullptr;    // [num_requests][aux_words] the image's aux, or nullptr
+  std::int32_t aux_words = 0;
+  std::int32_t accept_limit_word = 0;  // the aux word that caps a request's acceptance
   // [max_rows][stride] out: word 0 = committed count a + 1, words 1 .. a + 1 = the tokens.
   std::int32_t* out = nullptr;
   std::int32_t stride = 0;    // >= k + 2

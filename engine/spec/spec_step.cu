@@ -109,6 +109,9 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   a.verify = v;
   a.picks = picks_.data();
   a.k = k;
+  a.aux = aux;
+  a.aux_words = SamplingWords::kCount;
+  a.accept_limit_word = SamplingWords::kAcceptLimit;
   a.out = published_.data();
   a.stride = stride();
   a.max_rows = max_batch_;

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attention/reference.h"
 #include "attention_check.h"  // base_seed / test_rng / seed_note / sanitize_mode
 #include "common/error.h"
 #include "engine/engine.h"
@@ -315,6 +317,123 @@ TEST_F(EngineGpu, UnsupportedConfigsAreRefusedAtConstruction) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
   }
+}
+
+// Speculative decoding in the engine: continuous batching (requests join and leave, chunked
+// prefill, a pool too small for all at once, stop tokens), the target as its own draft and a
+// draft with a noisy LM head, graphs on and off. Every greedy request's tokens are confirmed by the
+// float64 reference like a plain engine's, and equal the plain engine's tokens (a divergence is
+// allowed only at a near-tie, which expect_greedy_confirmed bounds); requests that do not
+// speculate and sampled requests commit one token per step.
+class EngineSpeculative : public EngineGpu, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(EngineSpeculative, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const std::uint64_t seed = rng();
+  const HostWeights w = synthetic_weights(config, seed);
+  HostWeights noisy = w;
+  testing::Rng noise(seed + 3);
+  std::normal_distribution<float> n01(0.f, 0.01f);
+  for (std::uint16_t& x : noisy.tensors.at("lm_head.weight").data)
+    x = reference::float_to_bf16(reference::bf16_to_float(x) + n01(noise));
+
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 48;
+  ec.max_context = 128;
+  ec.kv_pages = 24;
+  ec.use_graphs = GetParam();
+  const int n = testing::sanitize_mode() ? 4 : 10;
+  std::vector<RequestSpec> specs;
+  for (int r = 0; r < n; ++r) {
+    RequestSpec s;
+    s.prompt =
+        random_prompt(rng, std::uniform_int_distribution<int>(1, 80)(rng), config.vocab_size);
+    s.max_new_tokens = std::uniform_int_distribution<int>(1, 40)(rng);
+    if (r % 4 == 1) s.stop_tokens = {static_cast<std::int32_t>(rng() % config.vocab_size)};
+    if (r == 2) s.speculate = false;
+    specs.push_back(s);
+  }
+  const auto serve = [&](Engine& engine) -> std::vector<std::vector<std::int32_t>> {
+    Collected got;
+    std::vector<RequestId> ids;
+    for (const RequestSpec& s : specs) ids.push_back(engine.submit(s, collect(got)));
+    while (engine.step()) EXPECT_LE(engine.running(), ec.max_batch);
+    std::vector<std::vector<std::int32_t>> out;
+    for (RequestId id : ids) {
+      EXPECT_EQ(got.finished[id], 1) << "request " << id;
+      out.push_back(got.tokens[id]);
+    }
+    return out;
+  };
+  Engine plain(w, ec);
+  const auto want = serve(plain);
+
+  for (const bool own : {true, false}) {
+    const std::string what = own ? "own draft" : "noisy draft";
+    EngineConfig sc = ec;
+    sc.speculative.max_draft_tokens = 4;
+    Engine engine(w, sc, own ? &w : &noisy);
+    const auto got = serve(engine);
+    int differ = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto& g = got[static_cast<std::size_t>(r)];
+      const auto& p = want[static_cast<std::size_t>(r)];
+      const RequestSpec& s = specs[static_cast<std::size_t>(r)];
+      // A stop token ends both at the same place unless an earlier token differs.
+      if (g != p) ++differ;
+      ASSERT_FALSE(g.empty()) << what << " request " << r;
+      EXPECT_LE(static_cast<std::int32_t>(g.size()), s.max_new_tokens);
+      expect_greedy_confirmed(w, s.prompt, g, what + " request " + std::to_string(r));
+    }
+    const EngineStats st = engine.stats();
+    std::printf(
+        "[ %s ] %lld decode steps, %lld rows: %lld of %lld drafts accepted, %.2f tokens per "
+        "row; %d of %d requests differ from plain decoding\n",
+        what.c_str(), static_cast<long long>(st.decode_steps), static_cast<long long>(st.spec_rows),
+        static_cast<long long>(st.accepted_tokens), static_cast<long long>(st.drafted_tokens),
+        st.tokens_per_spec_row(), differ, n);
+    EXPECT_LE(differ, 1) << what << ": divergences beyond a rare near-tie";
+    EXPECT_GT(st.drafted_tokens, 0);
+    if (own) EXPECT_GT(st.tokens_per_spec_row(), 2.0);
+    if (ec.use_graphs) EXPECT_EQ(st.graph_steps, st.decode_steps);
+    EXPECT_EQ(engine.ledger().free_pages(0), engine.ledger().usable_pages(0));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EngineSpeculative, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "graphs" : "eager"; });
+
+TEST_F(EngineGpu, SpeculativeConfigurationErrorsNameTheField) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 5);
+  EngineConfig ec;
+  ec.max_batch = 2;
+  ec.max_context = 64;
+  ec.speculative.max_draft_tokens = 2;
+  const auto field_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.field();
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_EQ(field_of([&] { Engine e(w, ec); }), "draft");
+  ModelConfig other = config;
+  other.vocab_size = 256;
+  const HostWeights small_vocab = synthetic_weights(other, 5);
+  EXPECT_EQ(field_of([&] { Engine e(w, ec, &small_vocab); }), "draft.vocab_size");
+  EngineConfig bad = ec;
+  bad.speculative.k_by_batch = {{4, 3}};
+  EXPECT_EQ(field_of([&] { Engine e(w, bad, &w); }), "speculative.k_by_batch[0].k");
+  bad = ec;
+  bad.speculative.max_draft_tokens = 0;
+  EXPECT_EQ(field_of([&] { Engine e(w, bad, &w); }), "speculative.max_draft_tokens");
+  bad.speculative.max_draft_tokens = 99;
+  EXPECT_EQ(field_of([&] { Engine e(w, bad, &w); }), "speculative.max_draft_tokens");
 }
 
 }  // namespace

@@ -143,8 +143,9 @@ struct SpecRun {
   void run(StepDesc& d, std::vector<std::int32_t>& aux) {
     aux.assign(d.requests.size() * SamplingWords::kCount, 0);
     for (std::size_t r = 0; r < d.requests.size(); ++r)
-      SamplingWords::write(SamplingParams{}, std::span<std::int32_t>(aux).subspan(
-                                                 r * SamplingWords::kCount, SamplingWords::kCount));
+      SamplingWords::write(
+          SamplingParams{}, -1,
+          std::span<std::int32_t>(aux).subspan(r * SamplingWords::kCount, SamplingWords::kCount));
     d.aux = aux;
     step->attach_commands(d);
     graph_steps += graphs->step(d, stream.get()) == StepPath::kGraph;

@@ -1,0 +1,46 @@
+// Plain decoding: one model, prefill chunks (eager) and decode steps of one token per request
+// (graph replay), device sampling in the graph (engine/sampling_step.h). The decode rows take
+// their input token from the device (the token the slot sampled last step), so the host writes
+// a step before it has read the previous one's tokens.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/buffers.h"
+#include "common/stream.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
+#include "engine/sampling_step.h"
+#include "engine/step_runner.h"
+
+namespace graphdecode {
+
+class DecodeRunner : public StepRunner {
+ public:
+  // Builds the model on its runtime and captures the decode graphs on `stream`.
+  DecodeRunner(const HostWeights& weights, const RuntimeOptions& options, bool use_graphs,
+               cudaStream_t stream);
+
+  void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) override;
+  KvLedger& ledger() override { return step_->ledger(); }
+  const StepGraphs& graphs() const override { return *graphs_; }
+  const LlamaModel& model() const override { return *model_; }
+
+ private:
+  cudaStream_t stream_;
+  std::unique_ptr<StepContext> step_;
+  std::unique_ptr<ModelRuntime> runtime_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<SamplingStep> program_;
+  std::unique_ptr<StepGraphs> graphs_;
+  // Per-step host staging, sized at start-up.
+  std::vector<StepRequest> requests_;
+  std::vector<std::int32_t> token_ids_, aux_;
+  PinnedBuffer<std::int32_t> published_;  // [max_logit_rows + 1]
+  Event copied_{cudaEventDisableTiming};
+};
+
+}  // namespace graphdecode

@@ -1,0 +1,143 @@
+#include "engine/spec/spec_runner.h"
+
+#include <algorithm>
+#include <set>
+#include <span>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "common/error.h"
+
+namespace graphdecode {
+
+std::vector<SpecKRule> default_k_rules(std::int32_t k) {
+  return {{8, k}, {32, std::min(k, 3)}, {64, std::min(k, 1)}};
+}
+
+std::int32_t k_for_batch(const std::vector<SpecKRule>& rules, std::int32_t batch) {
+  for (const SpecKRule& r : rules)
+    if (batch <= r.max_batch) return r.k;
+  return 0;
+}
+
+SpecRunner::SpecRunner(const HostWeights& target, const HostWeights& draft,
+                       const RuntimeOptions& options, const SpecRunnerConfig& config,
+                       cudaStream_t stream)
+    : config_(config), stream_(stream) {
+  const std::int32_t kmax = config_.max_draft_tokens;
+  GD_REQUIRE(kmax >= 1 && kmax <= kMaxSpecDrafts, "speculative.max_draft_tokens", kmax,
+             "in [1, " + std::to_string(kMaxSpecDrafts) + "]");
+  GD_REQUIRE(draft.config.vocab_size == target.config.vocab_size, "draft.vocab_size",
+             draft.config.vocab_size,
+             "a draft model proposes the target's tokens: its vocabulary must be the target's (" +
+                 std::to_string(target.config.vocab_size) + ")");
+  if (config_.k_by_batch.empty()) config_.k_by_batch = default_k_rules(kmax);
+  for (std::size_t i = 0; i < config_.k_by_batch.size(); ++i) {
+    const SpecKRule& r = config_.k_by_batch[i];
+    GD_REQUIRE(r.k >= 0 && r.k <= kmax, "speculative.k_by_batch[" + std::to_string(i) + "].k",
+               r.k, "in [0, max_draft_tokens]");
+  }
+  const AttentionLayout layouts[] = {llama_attention_layout(target.config),
+                                     llama_attention_layout(draft.config)};
+  StepCapacity cap = step_capacity(options, layouts);
+  cap.aux_words = SamplingWords::kCount;
+  cap.max_draft_tokens = kmax;
+  step_ = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
+  target_rt_ = std::make_unique<ModelRuntime>(layouts[0], options, *step_, 0, stream);
+  draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);
+  target_ = std::make_unique<LlamaModel>(target, options, stream);
+  draft_ = std::make_unique<LlamaModel>(draft, options, stream);
+  program_ = std::make_unique<SpecStep>(*target_rt_, *target_, *draft_rt_, *draft_, stream);
+  StepGraphsConfig gc;
+  gc.use_graphs = config_.use_graphs;
+  std::set<std::int32_t> ks = {0};  // a batch past every rule drafts nothing
+  for (const SpecKRule& r : config_.k_by_batch) ks.insert(r.k);
+  for (std::int32_t k : ks) gc.modes.push_back({StepMode::kSpeculative, k});
+  graphs_ = std::make_unique<StepGraphs>(step_->input(), *program_, gc);
+  graphs_->capture(stream);
+  const auto b = static_cast<std::size_t>(options.max_batch);
+  requests_.reserve(b);
+  token_ids_.reserve(static_cast<std::size_t>(cap.max_tokens));
+  aux_.reserve(b * SamplingWords::kCount);
+  state_.reserve(4 * b);
+  published_ = PinnedBuffer<std::int32_t>(b * static_cast<std::size_t>(program_->stride()) + 1);
+}
+
+void SpecRunner::write_aux(const Scheduler& scheduler, const PlannedRequest& p) {
+  const SamplingParams& sp = scheduler.sampling(p.id);
+  // Greedy acceptance keeps a greedy request's output exactly; a sampled request commits the
+  // target's own sample of its first verify row (drafts never accepted), so its tokens keep the
+  // target's distribution.
+  const std::int32_t limit = scheduler.speculates(p.id) && !(sp.temperature > 0.f) ? -1 : 0;
+  const std::size_t at = aux_.size();
+  aux_.resize(at + SamplingWords::kCount);
+  SamplingWords::write(sp, limit, std::span<std::int32_t>(aux_).subspan(at, SamplingWords::kCount));
+}
+
+void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) {
+  requests_.clear();
+  token_ids_.clear();
+  aux_.clear();
+  KvLedger& ledger = step_->ledger();
+  const bool decode = plan.kind == StepKind::kDecode;
+  const std::int32_t k =
+      decode ? k_for_batch(config_.k_by_batch, static_cast<std::int32_t>(plan.requests.size()))
+             : 0;
+  for (const PlannedRequest& p : plan.requests) {
+    if (decode) {
+      const SpecRequestState& s = state_.at(p.id);
+      reserve_spec_step(ledger, p.slot, s, k);  // within the request's reservation
+      requests_.push_back(StepRequest{p.slot, s.draft_cached,
+                                      static_cast<std::int32_t>(s.pending.size()), 0});
+      token_ids_.insert(token_ids_.end(), s.pending.begin(), s.pending.end());
+    } else {
+      ledger.extend(p.slot, p.extend_len);  // both models follow the prompt
+      requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, 0});
+      token_ids_.insert(token_ids_.end(), p.tokens.begin(), p.tokens.end());
+    }
+    write_aux(scheduler, p);
+  }
+  StepDesc d;
+  d.mode = decode ? StepMode::kSpeculative : StepMode::kExtend;
+  d.tokens_per_request = k;
+  d.requests = requests_;
+  d.token_ids = token_ids_;
+  d.aux = aux_;
+  step_->attach_commands(d);
+  out.path = graphs_->step(d, stream_);
+  ledger.clear_commands();
+  const std::int32_t stride = program_->stride();
+  const std::size_t words = published_.size();
+  GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(), words * sizeof(std::int32_t),
+                          cudaMemcpyDeviceToHost, stream_));
+  copied_.record(stream_);
+  copied_.synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
+  const std::int32_t bad = published_.data()[words - 1];
+  GD_REQUIRE(bad == 0, "bad_token_flag", bad,
+             "a model saw a token id outside the vocabulary (internal error)");
+
+  out.drafts = k;
+  out.counts.clear();
+  out.tokens.clear();
+  for (std::size_t i = 0; i < plan.requests.size(); ++i) {
+    const PlannedRequest& p = plan.requests[i];
+    const std::int32_t* row = published_.data() + i * static_cast<std::size_t>(stride);
+    const std::span<const std::int32_t> committed(row + 1, static_cast<std::size_t>(row[0]));
+    if (decode) {
+      commit_spec_step(ledger, p.slot, state_.at(p.id), committed);
+    } else if (p.samples) {  // the prompt is cached in both models; the sampled token is pending
+      const std::int32_t cached = p.prefix_len + p.extend_len;
+      state_[p.id] = SpecRequestState{cached, cached, {committed.begin(), committed.end()}};
+    }
+    const std::int32_t n = decode || p.samples ? static_cast<std::int32_t>(committed.size()) : 0;
+    out.counts.push_back(n);
+    out.tokens.insert(out.tokens.end(), committed.begin(), committed.begin() + n);
+  }
+}
+
+void SpecRunner::retire(std::span<const TokenEvent> events) {
+  for (const TokenEvent& e : events)
+    if (e.finished) state_.erase(e.id);
+}
+
+}  // namespace graphdecode

@@ -1,0 +1,45 @@
+// How the engine runs a planned step on the device. A runner owns the step's device state (step
+// context, runtimes, models, program, graphs) and turns a scheduler plan into one image, one
+// graph launch (or the eager fallback) and one read-back of the tokens each request committed.
+// Two runners: plain decoding (engine/decode_runner.h) and speculative decoding with a draft
+// model (engine/spec/spec_runner.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/llama_model.h"
+#include "engine/scheduler.h"
+#include "graphs/step_graphs.h"
+#include "memory/kv_ledger.h"
+
+namespace graphdecode {
+
+// What one step produced: per planned request, the tokens it committed (0 for a prefill chunk
+// that does not end its prompt; 1 for a decode row; up to k + 1 for a speculative row).
+struct StepResult {
+  std::vector<std::int32_t> counts;  // [planned requests]
+  std::vector<std::int32_t> tokens;  // counts[0] tokens of request 0, then request 1's, ...
+  StepPath path = StepPath::kGraph;
+  std::int32_t drafts = 0;  // draft tokens per request of a speculative step (its k)
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // Extends the planned requests in the ledger, writes and runs the step, reads back the
+  // committed tokens into `out`. Throws Error on a device-side error flag.
+  virtual void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) = 0;
+  // After the scheduler took the result (finished requests are released from the ledger):
+  // forget per-request state of the requests that finished.
+  virtual void retire(std::span<const TokenEvent> events) { static_cast<void>(events); }
+  // Positions a request may hold past prompt + max_new_tokens (the scheduler reserves them).
+  virtual std::int32_t reserve_slack() const { return 0; }
+
+  virtual KvLedger& ledger() = 0;
+  virtual const StepGraphs& graphs() const = 0;
+  virtual const LlamaModel& model() const = 0;  // the target
+};
+
+}  // namespace graphdecode
