@@ -34,8 +34,8 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights& draft,
   if (config_.k_by_batch.empty()) config_.k_by_batch = default_k_rules(kmax);
   for (std::size_t i = 0; i < config_.k_by_batch.size(); ++i) {
     const SpecKRule& r = config_.k_by_batch[i];
-    GD_REQUIRE(r.k >= 0 && r.k <= kmax, "speculative.k_by_batch[" + std::to_string(i) + "].k",
-               r.k, "in [0, max_draft_tokens]");
+    GD_REQUIRE(r.k >= 0 && r.k <= kmax, "speculative.k_by_batch[" + std::to_string(i) + "].k", r.k,
+               "in [0, max_draft_tokens]");
   }
   const AttentionLayout layouts[] = {llama_attention_layout(target.config),
                                      llama_attention_layout(draft.config)};
@@ -81,14 +81,13 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
   KvLedger& ledger = step_->ledger();
   const bool decode = plan.kind == StepKind::kDecode;
   const std::int32_t k =
-      decode ? k_for_batch(config_.k_by_batch, static_cast<std::int32_t>(plan.requests.size()))
-             : 0;
+      decode ? k_for_batch(config_.k_by_batch, static_cast<std::int32_t>(plan.requests.size())) : 0;
   for (const PlannedRequest& p : plan.requests) {
     if (decode) {
       const SpecRequestState& s = state_.at(p.id);
       reserve_spec_step(ledger, p.slot, s, k);  // within the request's reservation
-      requests_.push_back(StepRequest{p.slot, s.draft_cached,
-                                      static_cast<std::int32_t>(s.pending.size()), 0});
+      requests_.push_back(
+          StepRequest{p.slot, s.draft_cached, static_cast<std::int32_t>(s.pending.size()), 0});
       token_ids_.insert(token_ids_.end(), s.pending.begin(), s.pending.end());
     } else {
       ledger.extend(p.slot, p.extend_len);  // both models follow the prompt
