@@ -72,13 +72,13 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
     : config_(validated(config)) {
   const RuntimeOptions ro = runtime_options(config_);
   if (speculative()) {
-    GD_REQUIRE(draft != nullptr, "draft", "none",
-               "speculative.max_draft_tokens > 0 needs a draft model");
     SpecRunnerConfig sc;
+    sc.proposer = config_.speculative.proposer;
     sc.max_draft_tokens = config_.speculative.max_draft_tokens;
     sc.k_by_batch = config_.speculative.k_by_batch;
+    sc.ngram = config_.speculative.ngram;
     sc.use_graphs = config_.use_graphs;
-    runner_ = std::make_unique<SpecRunner>(weights, *draft, ro, sc, stream_);
+    runner_ = std::make_unique<SpecRunner>(weights, draft, ro, sc, stream_);
   } else {
     GD_REQUIRE(draft == nullptr, "speculative.max_draft_tokens", 0,
                "a draft model was given: set max_draft_tokens >= 1 to use it");

@@ -14,11 +14,12 @@
 // copy of the committed tokens -> Scheduler::on_step_done (stop tokens, max_new_tokens token by
 // token; finished requests' slots and pages released in the ledger) -> callbacks.
 //
-// Speculative decoding (engine/spec/): pass a draft model of the target's vocabulary and set
-// speculative.max_draft_tokens. Decode steps then draft k tokens per request (k from the batch
-// size), verify them with the target in one pass and commit the accepted prefix and the
-// target's next token. Greedy requests get exactly the target's greedy tokens; sampled requests
-// (and those with RequestSpec::speculate false) commit the target's sample, one token per step.
+// Speculative decoding (engine/spec/): set speculative.max_draft_tokens and pass a draft model of
+// the target's vocabulary (or choose prompt lookup, SpecProposer::kNgram). Decode steps then
+// draft k tokens per request (k from the batch size), verify them with the target in one pass
+// and commit the accepted prefix and the target's next token. Greedy requests get exactly the
+// target's greedy tokens; sampled requests (and those with RequestSpec::speculate false) commit the
+// target's sample, one token per step.
 //
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
 // that could never fit the KV pool, bad sampling parameters) is refused by submit() with an Error
@@ -55,11 +56,13 @@ struct EngineConfig {
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV
-  // Speculative decoding with the draft model passed to the Engine: most draft tokens per step
-  // (0 = off) and k by batch size (empty: default_k_rules).
+  // Speculative decoding: most draft tokens per step (0 = off), k by batch size (empty:
+  // default_k_rules), the proposer (a draft model passed to the Engine, or prompt lookup).
   struct Speculative {
     std::int32_t max_draft_tokens = 0;
     std::vector<SpecKRule> k_by_batch;
+    SpecProposer proposer = SpecProposer::kDraftModel;
+    NgramConfig ngram;
   } speculative;
 };
 

@@ -262,6 +262,12 @@ void KvLedger::release(std::int32_t slot) {
   }
 }
 
+bool KvLedger::has_group(std::int32_t group) const noexcept {
+  for (std::int32_t i = 0; i < num_pools(); ++i)
+    if (self_pool_of(i, group)) return true;
+  return false;
+}
+
 std::int32_t KvLedger::tokens(std::int32_t slot, std::int32_t group) const {
   for (std::int32_t i = 0; i < num_pools(); ++i) {
     if (self_pool_of(i, group)) return slots_[i]->tokens(slot);

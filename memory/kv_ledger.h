@@ -90,6 +90,8 @@ class KvLedger {
   const LedgerPool& config(std::int32_t pool) const;
   const RequestSlots& slots(std::int32_t pool) const;
   bool is_active(std::int32_t slot) const noexcept { return slots_[0]->is_active(slot); }
+  // Does model `group` own a self-attention (full or sliding) pool here?
+  bool has_group(std::int32_t group) const noexcept;
   // KV extent held in the self pools of `group` (the first such pool's count).
   std::int32_t tokens(std::int32_t slot, std::int32_t group = 0) const;
   std::int32_t active_requests() const noexcept { return slots_[0]->active_slots(); }

@@ -18,8 +18,8 @@ void reserve_spec_step(KvLedger& ledger, std::int32_t slot, const SpecRequestSta
       "the pending tokens must end at the target's cache end " + std::to_string(s.target_cached));
   GD_REQUIRE(ledger.tokens(slot, kTargetGroup) == s.target_cached, "slot", slot,
              "the target's pages do not end at its cache end");
-  GD_REQUIRE(ledger.tokens(slot, kDraftGroup) == s.draft_cached, "slot", slot,
-             "the draft's pages do not end at its cache end");
+  GD_REQUIRE(!ledger.has_group(kDraftGroup) || ledger.tokens(slot, kDraftGroup) == s.draft_cached,
+             "slot", slot, "the draft's pages do not end at its cache end");
   const std::int32_t grow[2] = {k + 1, c + std::max(k, 1) - 1};  // [target, draft]
   ledger.extend_groups(slot, grow);
 }
@@ -32,7 +32,7 @@ void commit_spec_step(KvLedger& ledger, std::int32_t slot, SpecRequestState& s,
   GD_REQUIRE(ledger.tokens(slot, kTargetGroup) >= p + n, "committed", n,
              "more tokens than the step verified");
   ledger.truncate(slot, p + n, kTargetGroup);
-  ledger.truncate(slot, p + 1, kDraftGroup);
+  if (ledger.has_group(kDraftGroup)) ledger.truncate(slot, p + 1, kDraftGroup);
   s.target_cached = p + n;
   s.draft_cached = p + 1;
   s.pending.assign(committed.begin(), committed.end());

@@ -28,7 +28,8 @@ inline constexpr std::int32_t kTargetGroup = 0;
 inline constexpr std::int32_t kDraftGroup = 1;
 
 // Before a speculative step of k drafts: the target's pages for the verify (positions P .. P + k)
-// and the draft's for its extend and decodes (D .. P + max(k, 1) - 1). All-or-nothing.
+// and the draft model's for its extend and decodes (D .. P + max(k, 1) - 1). All-or-nothing. A
+// proposer without a model (prompt lookup) has no draft pages: its D is bookkeeping only.
 void reserve_spec_step(KvLedger& ledger, std::int32_t slot, const SpecRequestState& state,
                        std::int32_t k);
 

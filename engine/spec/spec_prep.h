@@ -35,6 +35,7 @@ class SpecPrep {
   const StepMetaView& verify() const noexcept { return views_[0]; }
   const StepMetaView& draft_decode(std::int32_t j) const;  // 1 <= j < max_draft_tokens
   std::int32_t max_draft_tokens() const noexcept { return max_draft_; }
+  const StepPrep& prep() const noexcept { return prep_; }
   // Synchronous download of the verify block (j = 0) or draft decode j's (tests).
   void download(std::int32_t j, std::span<std::int32_t> host, cudaStream_t stream) const;
 

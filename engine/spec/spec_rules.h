@@ -42,4 +42,38 @@ GD_HD std::int32_t greedy_accepted(const std::int32_t* drafts, const std::int32_
   return a;
 }
 
+// Prompt lookup (n-gram) drafts from a request's own tokens h[0 .. p] (p = the last committed
+// token's position): the longest suffix h[p - n + 1 .. p], max_n >= n >= min_n, that also ends
+// earlier, at its latest such occurrence h[s .. s + n - 1] (s + n - 1 < p), proposes what followed
+// it, h[s + n ..], up to k tokens and never past p; a proposal shorter than k repeats its last
+// token, and with no occurrence every draft is h[p] (drafts only cost a verify row; a wrong one
+// is rejected).
+GD_HD bool ngram_occurs_at(const std::int32_t* h, std::int32_t p, std::int32_t n, std::int32_t s) {
+  for (std::int32_t i = 0; i < n; ++i)
+    if (h[s + i] != h[p - n + 1 + i]) return false;
+  return true;
+}
+GD_HD void ngram_fill(const std::int32_t* h, std::int32_t p, std::int32_t from, std::int32_t k,
+                      std::int32_t* out) {
+  std::int32_t last = h[p];
+  for (std::int32_t i = 0; i < k; ++i) {
+    if (from >= 0 && from + i <= p) last = h[from + i];
+    out[i] = last;
+  }
+}
+// CPU form (tests): returns the start of the continuation (s + n), or -1.
+inline std::int32_t ngram_propose(const std::int32_t* h, std::int32_t p, std::int32_t max_n,
+                                  std::int32_t min_n, std::int32_t k, std::int32_t* out) {
+  for (std::int32_t n = max_n < p ? max_n : p; n >= min_n && n >= 1; --n) {
+    for (std::int32_t s = p - n; s >= 0; --s) {
+      if (ngram_occurs_at(h, p, n, s)) {
+        ngram_fill(h, p, s + n, k, out);
+        return s + n;
+      }
+    }
+  }
+  ngram_fill(h, p, -1, k, out);
+  return -1;
+}
+
 }  // namespace graphdecode::spec_rules

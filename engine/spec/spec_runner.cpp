@@ -20,15 +20,19 @@ std::int32_t k_for_batch(const std::vector<SpecKRule>& rules, std::int32_t batch
   return 0;
 }
 
-SpecRunner::SpecRunner(const HostWeights& target, const HostWeights& draft,
+SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
                        const RuntimeOptions& options, const SpecRunnerConfig& config,
                        cudaStream_t stream)
     : config_(config), stream_(stream) {
   const std::int32_t kmax = config_.max_draft_tokens;
   GD_REQUIRE(kmax >= 1 && kmax <= kMaxSpecDrafts, "speculative.max_draft_tokens", kmax,
              "in [1, " + std::to_string(kMaxSpecDrafts) + "]");
-  GD_REQUIRE(draft.config.vocab_size == target.config.vocab_size, "draft.vocab_size",
-             draft.config.vocab_size,
+  const bool model = config_.proposer == SpecProposer::kDraftModel;
+  GD_REQUIRE(model == (draft != nullptr), "draft", draft ? "given" : "none",
+             model ? "the draft-model proposer needs a draft model"
+                   : "prompt lookup proposes without a draft model");
+  GD_REQUIRE(!model || draft->config.vocab_size == target.config.vocab_size, "draft.vocab_size",
+             model ? draft->config.vocab_size : 0,
              "a draft model proposes the target's tokens: its vocabulary must be the target's (" +
                  std::to_string(target.config.vocab_size) + ")");
   if (config_.k_by_batch.empty()) config_.k_by_batch = default_k_rules(kmax);
@@ -37,17 +41,23 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights& draft,
     GD_REQUIRE(r.k >= 0 && r.k <= kmax, "speculative.k_by_batch[" + std::to_string(i) + "].k", r.k,
                "in [0, max_draft_tokens]");
   }
-  const AttentionLayout layouts[] = {llama_attention_layout(target.config),
-                                     llama_attention_layout(draft.config)};
+  std::vector<AttentionLayout> layouts = {llama_attention_layout(target.config)};
+  if (model) layouts.push_back(llama_attention_layout(draft->config));
   StepCapacity cap = step_capacity(options, layouts);
   cap.aux_words = SamplingWords::kCount;
   cap.max_draft_tokens = kmax;
   step_ = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
   target_rt_ = std::make_unique<ModelRuntime>(layouts[0], options, *step_, 0, stream);
-  draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);
   target_ = std::make_unique<LlamaModel>(target, options, stream);
-  draft_ = std::make_unique<LlamaModel>(draft, options, stream);
-  program_ = std::make_unique<SpecStep>(*target_rt_, *target_, *draft_rt_, *draft_, stream);
+  program_ = std::make_unique<SpecStep>(*target_rt_, *target_, stream);
+  if (model) {
+    draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);
+    draft_ = std::make_unique<LlamaModel>(*draft, options, stream);
+    proposer_ = std::make_unique<DraftModelProposer>(*draft_rt_, *draft_, stream);
+  } else {
+    proposer_ = std::make_unique<NgramProposer>(step_->prep(), config_.ngram, stream);
+  }
+  program_->set_proposer(*proposer_);
   StepGraphsConfig gc;
   gc.use_graphs = config_.use_graphs;
   std::set<std::int32_t> ks = {0};  // a batch past every rule drafts nothing

@@ -1,8 +1,9 @@
-// Speculative decoding with a draft model (engine/spec/spec_step.h): prefill chunks run both
-// models over the prompt; decode steps are speculative steps of k drafts, k chosen per step from
-// the batch size (a full batch gains little from drafting; k = 0 still keeps the draft's cache
-// current). The host book of each request (engine/spec/spec_book.h) gives every step exactly the
-// pages it touches and rolls rejected rows back after it.
+// Speculative decoding (engine/spec/spec_step.h) with a draft model or prompt lookup
+// (engine/spec/proposer.h): prefill chunks run the target and keep the proposer up with the prompt
+// (the draft model's forward over it); decode steps are speculative steps of k drafts, k chosen
+// per step from the batch size (a full batch gains little from drafting; k = 0 still keeps the
+// draft's cache current). The host book of each request (engine/spec/spec_book.h) gives every
+// step exactly the pages it touches and rolls rejected rows back after it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,9 +30,16 @@ struct SpecKRule {
   std::int32_t k = 0;
 };
 
+enum class SpecProposer : std::uint8_t {
+  kDraftModel = 0,  // a Llama-family draft model of the target's vocabulary
+  kNgram = 1,       // prompt lookup in the request's own tokens, on the device
+};
+
 struct SpecRunnerConfig {
+  SpecProposer proposer = SpecProposer::kDraftModel;
   std::int32_t max_draft_tokens = 4;  // k at most (1 .. kMaxSpecDrafts)
   std::vector<SpecKRule> k_by_batch;  // empty: default_k_rules(max_draft_tokens)
+  NgramConfig ngram;
   bool use_graphs = true;
 };
 
@@ -42,10 +50,11 @@ std::int32_t k_for_batch(const std::vector<SpecKRule>& rules, std::int32_t batch
 
 class SpecRunner : public StepRunner {
  public:
-  // Both models on one step context (the target's pools, then the draft's), the speculative
-  // graphs of every k the rules use captured on `stream`. Error names what does not fit (the
-  // draft's vocabulary, k out of range).
-  SpecRunner(const HostWeights& target, const HostWeights& draft, const RuntimeOptions& options,
+  // The target and the proposer on one step context (the target's pools, then a draft model's),
+  // the speculative graphs of every k the rules use captured on `stream`. `draft`: the draft
+  // model's weights (kDraftModel), nullptr for prompt lookup. Error names what does not fit (the
+  // draft's vocabulary, k out of range, a missing or unneeded draft).
+  SpecRunner(const HostWeights& target, const HostWeights* draft, const RuntimeOptions& options,
              const SpecRunnerConfig& config, cudaStream_t stream);
 
   void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) override;
@@ -65,6 +74,7 @@ class SpecRunner : public StepRunner {
   std::unique_ptr<ModelRuntime> target_rt_, draft_rt_;
   std::unique_ptr<LlamaModel> target_, draft_;
   std::unique_ptr<SpecStep> program_;
+  std::unique_ptr<DraftProposer> proposer_;
   std::unique_ptr<StepGraphs> graphs_;
   std::unordered_map<RequestId, SpecRequestState> state_;  // requests past their prefill
   // Per-step host staging, sized at start-up.

@@ -1,14 +1,14 @@
-// The step program of speculative decoding with a draft model (a Llama-family model of the
-// target's vocabulary beside it in the same step, each with its own pools): what StepGraphs
-// captures per (mode, bucket, k). Two kinds of step:
-//   extend (prefill chunks): prep -> both models' plans -> target and draft forwards over the
-//     same rows (the draft's cache follows the prompt) -> the target's sample of each request's
-//     last row, published as one committed token;
+// The step program of speculative decoding: the target and a draft proposer (engine/spec/
+// proposer.h: a draft model beside the target in the same step, each with its own pools, or
+// prompt lookup on the device). What StepGraphs captures per (mode, bucket, k). Two kinds of step:
+//   extend (prefill chunks): prep -> the target's plans and forward, the proposer keeps up with
+//     the prompt (the draft model's forward over the same rows) -> the target's sample of each
+//     request's last row, published as one committed token;
 //   speculative (StepMode::kSpeculative, k drafts; engine/spec/spec_rules.h):
-//     prep (every pool's commands, the draft-extend's metadata) -> spec prep (verify and draft
-//     decodes) -> draft-extend forward, sample d_1 -> draft decodes 1 .. k - 1, sample d_2 .. d_k
-//     -> verify forward (the target, logits for every row), sample the target's picks -> accept
-//     -> published: per request the committed count and tokens.
+//     prep (every pool's commands, the draft-extend's metadata: the committed tokens) -> spec
+//     prep (verify and draft decodes) -> the proposer's k drafts per request -> verify forward
+//     (the target, logits for every row), sample the target's picks -> accept -> published: per
+//     request the committed count and tokens.
 // One copy of the image in, one copy of the published words out, no host sync between phases.
 // Sampling parameters: SamplingWords in the image's aux section (engine/row_sampler.h). Greedy
 // acceptance: the speculative requests are greedy (the engine refuses others until sampled
@@ -23,6 +23,7 @@
 #include "engine/llama_model.h"
 #include "engine/row_sampler.h"
 #include "engine/runtime/model_runtime.h"
+#include "engine/spec/proposer.h"
 #include "engine/spec/spec_prep.h"
 #include "graphs/step_program.h"
 
@@ -30,12 +31,13 @@ namespace graphdecode {
 
 class SpecStep : public StepProgram {
  public:
-  // The runtimes share one StepContext whose capacity lists the target's pools (model 0), then
-  // the draft's (model 1), with max_draft_tokens >= 1, SamplingWords aux words, and logits rows
-  // for every verify row (max_batch * (max_draft_tokens + 1)). Error names what does not fit
-  // (e.g. the draft's vocabulary). All four must outlive this object.
-  SpecStep(ModelRuntime& target_runtime, LlamaModel& target, ModelRuntime& draft_runtime,
-           LlamaModel& draft, cudaStream_t stream);
+  // The target's step context (its pools model 0, a draft model's model 1) has
+  // max_draft_tokens >= 1, SamplingWords aux words, and logits rows for every verify row
+  // (max_batch * (max_draft_tokens + 1)).
+  // Error names what does not fit. The target and its runtime must outlive this object.
+  SpecStep(ModelRuntime& target_runtime, LlamaModel& target, cudaStream_t stream);
+  // The proposer of the drafts; set once, before capture.
+  void set_proposer(DraftProposer& proposer) noexcept { proposer_ = &proposer; }
 
   void enqueue(const StepShape& shape, cudaStream_t stream) override;
 
@@ -52,16 +54,14 @@ class SpecStep : public StepProgram {
 
   ModelRuntime& target_rt_;
   LlamaModel& target_;
-  ModelRuntime& draft_rt_;
-  LlamaModel& draft_;
+  DraftProposer* proposer_ = nullptr;
   const StepInput& input_;
   std::int32_t max_batch_ = 0;
   std::int32_t max_draft_ = 0;
   SpecPrep spec_;
-  RowSampler draft_sampler_, target_sampler_;
-  DeviceBuffer<std::int32_t> draft_tokens_;  // [max_batch] the last draft phase's tokens
-  DeviceBuffer<std::int32_t> picks_;         // [max_batch * (max_draft + 1)] the target's tokens
-  DeviceBuffer<std::int32_t> published_;     // [max_batch * stride + 1]
+  RowSampler target_sampler_;
+  DeviceBuffer<std::int32_t> picks_;      // [max_batch * (max_draft + 1)] the target's tokens
+  DeviceBuffer<std::int32_t> published_;  // [max_batch * stride + 1]
 };
 
 }  // namespace graphdecode

@@ -320,11 +320,11 @@ TEST_F(EngineGpu, UnsupportedConfigsAreRefusedAtConstruction) {
 }
 
 // Speculative decoding in the engine: continuous batching (requests join and leave, chunked
-// prefill, a pool too small for all at once, stop tokens), the target as its own draft and a
-// draft with a noisy LM head, graphs on and off. Every greedy request's tokens are confirmed by the
-// float64 reference like a plain engine's, and equal the plain engine's tokens (a divergence is
-// allowed only at a near-tie, which expect_greedy_confirmed bounds); requests that do not
-// speculate and sampled requests commit one token per step.
+// prefill, a pool too small for all at once, stop tokens), the target as its own draft, a draft
+// with a noisy LM head and prompt lookup, graphs on and off. Every greedy request's tokens are
+// confirmed by the float64 reference like a plain engine's, and equal the plain engine's tokens (a
+// divergence is allowed only at a near-tie, which expect_greedy_confirmed bounds); requests that do
+// not speculate and sampled requests commit one token per step.
 class EngineSpeculative : public EngineGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(EngineSpeculative, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
@@ -371,11 +371,13 @@ TEST_P(EngineSpeculative, GreedyTokensEqualPlainDecodingUnderContinuousBatching)
   Engine plain(w, ec);
   const auto want = serve(plain);
 
-  for (const bool own : {true, false}) {
-    const std::string what = own ? "own draft" : "noisy draft";
+  for (const int variant : {0, 1, 2}) {
+    const bool own = variant == 0;
+    const std::string what = own ? "own draft" : variant == 1 ? "noisy draft" : "prompt lookup";
     EngineConfig sc = ec;
     sc.speculative.max_draft_tokens = 4;
-    Engine engine(w, sc, own ? &w : &noisy);
+    if (variant == 2) sc.speculative.proposer = SpecProposer::kNgram;
+    Engine engine(w, sc, own ? &w : variant == 1 ? &noisy : nullptr);
     const auto got = serve(engine);
     int differ = 0;
     for (int r = 0; r < n; ++r) {
@@ -422,6 +424,11 @@ TEST_F(EngineGpu, SpeculativeConfigurationErrorsNameTheField) {
     return std::string("<no error>");
   };
   EXPECT_EQ(field_of([&] { Engine e(w, ec); }), "draft");
+  EngineConfig lookup = ec;
+  lookup.speculative.proposer = SpecProposer::kNgram;
+  EXPECT_EQ(field_of([&] { Engine e(w, lookup, &w); }), "draft");
+  lookup.speculative.ngram.min_ngram = 0;
+  EXPECT_EQ(field_of([&] { Engine e(w, lookup); }), "ngram.min_ngram");
   ModelConfig other = config;
   other.vocab_size = 256;
   const HostWeights small_vocab = synthetic_weights(other, 5);

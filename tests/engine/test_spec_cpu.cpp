@@ -116,6 +116,27 @@ TEST(SpecRules, GreedyAcceptanceTakesTheLongestMatchingPrefix) {
   EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5}.data(), 0, -1), 0);
 }
 
+TEST(SpecRules, PromptLookupProposesWhatFollowedTheLatestLongestSuffix) {
+  std::int32_t out[4];
+  // ... 7 8 9 | 1 2 3 4 | 7 8 9: the suffix "7 8 9" occurred at 0; what followed was 1 2 3 4.
+  const std::vector<std::int32_t> a = {7, 8, 9, 1, 2, 3, 4, 7, 8, 9};
+  EXPECT_EQ(spec_rules::ngram_propose(a.data(), 9, 4, 1, 4, out), 3);
+  EXPECT_EQ(std::vector<int>(out, out + 4), (std::vector<int>{1, 2, 3, 4}));
+  // The latest occurrence wins; a continuation that reaches the end repeats its last token.
+  const std::vector<std::int32_t> b = {5, 6, 1, 5, 6, 2, 3, 5, 6};
+  EXPECT_EQ(spec_rules::ngram_propose(b.data(), 8, 2, 1, 4, out), 5);
+  EXPECT_EQ(std::vector<int>(out, out + 4), (std::vector<int>{2, 3, 5, 6}));
+  EXPECT_EQ(spec_rules::ngram_propose(b.data(), 8, 2, 1, 5, out), 5);
+  EXPECT_EQ(std::vector<int>(out, out + 5), (std::vector<int>{2, 3, 5, 6, 6}));
+  // No earlier occurrence of any suffix (min_ngram 2): every draft is the last token.
+  const std::vector<std::int32_t> c = {1, 2, 3, 4};
+  EXPECT_EQ(spec_rules::ngram_propose(c.data(), 3, 3, 2, 3, out), -1);
+  EXPECT_EQ(std::vector<int>(out, out + 3), (std::vector<int>{4, 4, 4}));
+  // A one-token history proposes itself.
+  EXPECT_EQ(spec_rules::ngram_propose(c.data(), 0, 3, 1, 2, out), -1);
+  EXPECT_EQ(std::vector<int>(out, out + 2), (std::vector<int>{1, 1}));
+}
+
 LedgerPool pool(AttentionKind kind, std::int32_t group) {
   LedgerPool p;
   p.geometry.kind = kind;

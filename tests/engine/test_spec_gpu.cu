@@ -4,7 +4,7 @@
 // against plain greedy decoding of the target: the same tokens, except where the target's own
 // top-2 gap is within bf16 noise (reported, counted, and bounded). Drafts: the target itself
 // (every draft accepted), the target with a noisy LM head (part accepted), an unrelated model
-// (none accepted).
+// (none accepted), prompt lookup. The prompt-lookup kernel against its CPU rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,8 +24,10 @@
 #include "engine/row_sampler.h"
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/step_context.h"
+#include "engine/spec/proposer.h"
 #include "engine/spec/spec_book.h"
 #include "engine/spec/spec_prep.h"
+#include "engine/spec/spec_rules.h"
 #include "engine/spec/spec_step.h"
 #include "engine/weights.h"
 #include "graphs/step_graphs.h"
@@ -97,6 +99,83 @@ TEST_F(SpecGpu, SpecPrepMatchesItsCpuTwin) {
   }
 }
 
+// ---- prompt lookup on the device against its CPU rule -------------------------------------------
+
+TEST_F(SpecGpu, PromptLookupProposesWhatTheCpuRuleProposes) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  StepCapacity cap;
+  cap.max_batch = 8;
+  cap.max_tokens = 512;
+  cap.max_slots = 10;
+  cap.max_kv_len = 300;
+  cap.max_logit_rows = 64;
+  cap.max_draft_tokens = 7;
+  Stream stream;
+  StepInput input(cap);
+  StepPrep prep(input);
+  SpecPrep spec(prep, cap.max_draft_tokens);
+  const NgramConfig ngram{4, 1};
+  NgramProposer lookup(prep, ngram, stream.get());
+  const StepMetaLayout& layout = prep.layout();
+  for (int round = 0; round < 30; ++round) {
+    // Histories with repeats: tokens from a small alphabet, sometimes a copied span.
+    const std::int32_t n = 1 + static_cast<std::int32_t>(rng() % 8);
+    const std::int32_t k = 1 + static_cast<std::int32_t>(rng() % 7);
+    std::vector<std::vector<std::int32_t>> hist(static_cast<std::size_t>(n));
+    std::vector<StepRequest> req;
+    std::vector<std::int32_t> ids;
+    for (std::int32_t r = 0; r < n; ++r) {
+      const std::int32_t len = 1 + static_cast<std::int32_t>(rng() % 60);
+      auto& h = hist[static_cast<std::size_t>(r)];
+      for (std::int32_t i = 0; i < len; ++i)
+        h.push_back(static_cast<std::int32_t>(rng() % (round % 3 == 0 ? 3 : 12)));
+      if (len > 12 && rng() % 2) std::copy(h.begin(), h.begin() + 5, h.end() - 5);
+      req.push_back({r + 1, 0, len, 0});  // the whole history in this step's rows
+      ids.insert(ids.end(), h.begin(), h.end());
+    }
+    // Every history fits a prefill; the proposal comes from a speculative step with the last token.
+    StepDesc pre;
+    pre.mode = StepMode::kExtend;
+    pre.requests = req;
+    pre.token_ids = ids;
+    input.write(pre);
+    input.upload(stream.get());
+    prep.enqueue(stream.get());
+    lookup.prefill(prep.device(), StepShape{StepMode::kExtend, n, cap.max_tokens, n, 0},
+                   stream.get());
+    std::vector<StepRequest> last;
+    std::vector<std::int32_t> last_ids;
+    for (std::int32_t r = 0; r < n; ++r) {
+      const auto& h = hist[static_cast<std::size_t>(r)];
+      last.push_back({r + 1, static_cast<std::int32_t>(h.size()) - 1, 1, 0});
+      last_ids.push_back(h.back());
+    }
+    StepDesc sd;
+    sd.mode = StepMode::kSpeculative;
+    sd.tokens_per_request = k;
+    sd.requests = last;
+    sd.token_ids = last_ids;
+    input.write(sd);
+    input.upload(stream.get());
+    prep.enqueue(stream.get());
+    spec.enqueue(k, stream.get());
+    lookup.propose(spec, StepShape{StepMode::kSpeculative, n, n * 8, n, k}, k, stream.get());
+    std::vector<std::int32_t> v(layout.total_words);
+    spec.download(0, v, stream.get());
+    const StepMetaView vv = StepMetaView::over(v.data(), layout);
+    for (std::int32_t r = 0; r < n; ++r) {
+      const auto& h = hist[static_cast<std::size_t>(r)];
+      std::vector<std::int32_t> want(static_cast<std::size_t>(k));
+      spec_rules::ngram_propose(h.data(), static_cast<std::int32_t>(h.size()) - 1, ngram.max_ngram,
+                                ngram.min_ngram, k, want.data());
+      const std::vector<std::int32_t> got(vv.token_id + r * (k + 1) + 1,
+                                          vv.token_id + r * (k + 1) + 1 + k);
+      ASSERT_EQ(got, want) << "round " << round << " request " << r << " k " << k;
+    }
+  }
+}
+
 // ---- whole speculative steps against plain greedy -----------------------------------------------
 
 // A target and its draft on one step context; prefill and speculative steps driven like an
@@ -110,28 +189,36 @@ struct SpecRun {
   std::unique_ptr<ModelRuntime> target_rt, draft_rt;
   std::unique_ptr<LlamaModel> target, draft;
   std::unique_ptr<SpecStep> program;
+  std::unique_ptr<DraftProposer> proposer;
   std::unique_ptr<StepGraphs> graphs;
   std::vector<std::int32_t> published;
   std::int64_t drafted = 0, accepted = 0, steps = 0, graph_steps = 0;
 
-  SpecRun(const HostWeights& t, const HostWeights& d, std::int32_t max_batch, std::int32_t k_max,
+  // `d`: the draft model, or nullptr for prompt lookup.
+  SpecRun(const HostWeights& t, const HostWeights* d, std::int32_t max_batch, std::int32_t k_max,
           bool use_graphs)
-      : target_layout(llama_attention_layout(t.config)),
-        draft_layout(llama_attention_layout(d.config)) {
+      : target_layout(llama_attention_layout(t.config)) {
     options.max_batch = max_batch;
     options.max_tokens = 256;
     options.max_kv_len = 256;
     options.max_logit_rows = max_batch * (k_max + 1);
-    const AttentionLayout models[] = {target_layout, draft_layout};
+    std::vector<AttentionLayout> models = {target_layout};
+    if (d) models.push_back(draft_layout = llama_attention_layout(d->config));
     cap = step_capacity(options, models);
     cap.aux_words = SamplingWords::kCount;
     cap.max_draft_tokens = k_max;
     step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
     target_rt = std::make_unique<ModelRuntime>(target_layout, options, *step, 0, stream.get());
-    draft_rt = std::make_unique<ModelRuntime>(draft_layout, options, *step, 1, stream.get());
     target = std::make_unique<LlamaModel>(t, options, stream.get());
-    draft = std::make_unique<LlamaModel>(d, options, stream.get());
-    program = std::make_unique<SpecStep>(*target_rt, *target, *draft_rt, *draft, stream.get());
+    program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
+    if (d) {
+      draft_rt = std::make_unique<ModelRuntime>(draft_layout, options, *step, 1, stream.get());
+      draft = std::make_unique<LlamaModel>(*d, options, stream.get());
+      proposer = std::make_unique<DraftModelProposer>(*draft_rt, *draft, stream.get());
+    } else {
+      proposer = std::make_unique<NgramProposer>(step->prep(), NgramConfig{}, stream.get());
+    }
+    program->set_proposer(*proposer);
     StepGraphsConfig gc;
     gc.use_graphs = use_graphs;
     for (std::int32_t k = 0; k <= k_max; ++k) gc.modes.push_back({StepMode::kSpeculative, k});
@@ -287,7 +374,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
   const bool graphs = GetParam();
   int near_ties = 0;
   {  // the target as its own draft: every draft should be accepted
-    SpecRun run(target, target, 4, 4, graphs);
+    SpecRun run(target, &target, 4, 4, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 4; });
     near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "own draft");
     const double rate = static_cast<double>(run.accepted) / static_cast<double>(run.drafted);
@@ -304,7 +391,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
     std::normal_distribution<float> n01(0.f, 0.01f);
     for (std::uint16_t& x : draft.tensors.at("lm_head.weight").data)
       x = reference::float_to_bf16(reference::bf16_to_float(x) + n01(noise));
-    SpecRun run(target, draft, 4, 4, graphs);
+    SpecRun run(target, &draft, 4, 4, graphs);
     const auto spec =
         run.generate(prompts, new_tokens, [](std::int64_t s) { return static_cast<int>(s % 5); });
     near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "noisy draft");
@@ -316,14 +403,23 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
   }
   {  // an unrelated model as draft: (nearly) every draft rejected, one token per step
     const HostWeights draft = synthetic_weights(config, seed + 1);
-    SpecRun run(target, draft, 4, 3, graphs);
+    SpecRun run(target, &draft, 4, 3, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 3; });
     near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "unrelated draft");
     std::printf("[ unrelated draft ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
   }
-  EXPECT_LE(near_ties, 2) << "near-tie divergences of 12 request runs";
+  {  // prompt lookup: drafts from the request's own tokens, on the device
+    SpecRun run(target, nullptr, 4, 4, graphs);
+    const auto spec = run.generate(prompts, new_tokens,
+                                   [](std::int64_t s) { return 1 + static_cast<int>(s % 4); });
+    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "prompt lookup");
+    std::printf("[ prompt lookup ] %lld steps, %lld of %lld drafts accepted\n",
+                static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
+                static_cast<long long>(run.drafted));
+  }
+  EXPECT_LE(near_ties, 2) << "near-tie divergences of 16 request runs";
 }
 
 INSTANTIATE_TEST_SUITE_P(GraphsOnOff, SpecGreedy, ::testing::Bool(),

@@ -1,0 +1,73 @@
+// What proposes a speculative step's k drafts per request (engine/spec/spec_step.h runs the
+// target's verify and acceptance around it). Two proposers: a draft model beside the target
+// (DraftModelProposer: its draft-extend over the committed tokens, then k - 1 decodes, each
+// sampled) and prompt lookup on the device (NgramProposer: the longest suffix of the request's
+// own tokens that occurred before proposes what followed it). Both are capture-safe and write
+// the drafts into the verify block's token ids (rows r(k+1) + 1 .. r(k+1) + k).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/buffers.h"
+#include "engine/llama_model.h"
+#include "engine/row_sampler.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/spec/spec_prep.h"
+#include "graphs/step_program.h"
+
+namespace graphdecode {
+
+class DraftProposer {
+ public:
+  virtual ~DraftProposer() = default;
+  // A prefill chunk whose metadata is `meta` (the step prep's block): keep up with the prompt.
+  virtual void prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) = 0;
+  // The drafts of a speculative step of k: from the draft-extend (the step prep's block, the
+  // committed tokens) and the spec prep's blocks, into spec.verify()'s token ids.
+  virtual void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
+                       cudaStream_t stream) = 0;
+  // [1] sticky device error flag (a bad token id), or nullptr.
+  virtual const std::int32_t* error_flag() const { return nullptr; }
+};
+
+class DraftModelProposer : public DraftProposer {
+ public:
+  // The draft model on its runtime (model 1 of the target's step). Both must outlive this.
+  DraftModelProposer(ModelRuntime& runtime, LlamaModel& model, cudaStream_t stream);
+  void prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) override;
+  void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
+               cudaStream_t stream) override;
+  const std::int32_t* error_flag() const override { return model_.bad_token_flag(); }
+
+ private:
+  ModelRuntime& runtime_;
+  LlamaModel& model_;
+  std::int32_t max_batch_ = 0;
+  RowSampler sampler_;
+  DeviceBuffer<std::int32_t> tokens_;  // [max_batch] the last draft phase's tokens
+};
+
+struct NgramConfig {
+  std::int32_t max_ngram = 4;  // longest suffix looked up
+  std::int32_t min_ngram = 1;  // shortest suffix that may propose
+};
+
+class NgramProposer : public DraftProposer {
+ public:
+  // A device history of every slot's tokens ([max_slots][max_kv_len]), written from the step
+  // prep's token rows (prompt chunks, then each step's committed tokens).
+  NgramProposer(const StepPrep& prep, const NgramConfig& config, cudaStream_t stream);
+  void prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) override;
+  void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
+               cudaStream_t stream) override;
+
+ private:
+  void record(const StepMetaView& meta, std::int32_t token_capacity, cudaStream_t stream);
+  NgramConfig config_;
+  std::int32_t max_batch_ = 0, max_len_ = 0;
+  DeviceBuffer<std::int32_t> history_;  // [max_slots][max_len]
+};
+
+}  // namespace graphdecode
