@@ -117,7 +117,7 @@ TEST(SpecRules, GreedyAcceptanceTakesTheLongestMatchingPrefix) {
 }
 
 TEST(SpecRules, PromptLookupProposesWhatFollowedTheLatestLongestSuffix) {
-  std::int32_t out[4];
+  std::int32_t out[8];
   // ... 7 8 9 | 1 2 3 4 | 7 8 9: the suffix "7 8 9" occurred at 0; what followed was 1 2 3 4.
   const std::vector<std::int32_t> a = {7, 8, 9, 1, 2, 3, 4, 7, 8, 9};
   EXPECT_EQ(spec_rules::ngram_propose(a.data(), 9, 4, 1, 4, out), 3);
