@@ -143,6 +143,8 @@ void Engine::record(double us, const StepResult& r) {
     ++stats_.decode_steps;
     decode_us_[decode_next_++ % kLatencyWindow] = us;
     if (speculative()) {
+      ++stats_.spec_steps;
+      for (std::size_t p = 0; p < r.phase_us.size(); ++p) stats_.spec_phase_us[p] += r.phase_us[p];
       for (const std::int32_t n : r.counts) {
         ++stats_.spec_rows;
         stats_.drafted_tokens += r.drafts;

@@ -79,6 +79,10 @@ struct EngineStats {
   // per draft position j (0-based) how often a draft was proposed and accepted there.
   std::int64_t spec_rows = 0, drafted_tokens = 0, accepted_tokens = 0;
   std::vector<std::int64_t> drafted_at, accepted_at;
+  // Device microseconds per speculative step in each phase (prep, propose, verify, accept),
+  // summed over the spec_steps speculative steps.
+  std::int64_t spec_steps = 0;
+  std::array<double, 4> spec_phase_us{};
   // Tokens a request commits per speculative step (accepted drafts + the target's token).
   double tokens_per_spec_row() const {
     return spec_rows > 0 ? static_cast<double>(accepted_tokens + spec_rows) / spec_rows : 0.0;

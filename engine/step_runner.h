@@ -5,6 +5,7 @@
 // model (engine/spec/spec_runner.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -23,6 +24,9 @@ struct StepResult {
   std::vector<std::int32_t> tokens;  // counts[0] tokens of request 0, then request 1's, ...
   StepPath path = StepPath::kGraph;
   std::int32_t drafts = 0;  // draft tokens per request of a speculative step (its k)
+  // Device microseconds of a speculative step's phases (engine/spec/spec_step.h SpecPhase);
+  // all 0 for other steps.
+  std::array<float, 4> phase_us{};
 };
 
 class StepRunner {

@@ -126,6 +126,8 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
              "a model saw a token id outside the vocabulary (internal error)");
 
   out.drafts = k;
+  out.phase_us = {};
+  if (decode) out.phase_us = program_->phase_us();  // the step is done: its events are too
   out.counts.clear();
   out.tokens.clear();
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {

@@ -69,15 +69,19 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   const StepPrep& prep = target_rt_.step().prep();
   const std::int32_t b = std::clamp(shape.bucket, 1, max_batch_);
   const std::int32_t* aux = input_.device_view().aux;
+  marks_[kSpecPrep].record(stream);
   prep.enqueue(stream);
   spec_.enqueue(k, stream);
+  marks_[kSpecPropose].record(stream);
   proposer_->propose(spec_, shape, k, stream);
+  marks_[kSpecVerify].record(stream);
   // Verify: the target over the last committed token and the k drafts, logits for every row.
   const StepMetaView& v = spec_.verify();
   const std::int32_t rows = b * (k + 1);
   target_rt_.plan(v, stream);
   target_.forward(target_rt_, v, StepShape{StepMode::kTargetVerify, b, rows, rows, k + 1}, nullptr,
                   stream);
+  marks_[kSpecAccept].record(stream);
   target_sampler_.enqueue(v, aux, target_.logits(), rows, picks_.data(), stream);
   AcceptArgs a;
   a.verify = v;
@@ -92,6 +96,13 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   a.flag_a = target_.bad_token_flag();
   a.flag_b = proposer_->error_flag();
   accept_greedy(a, stream);
+  marks_[kNumSpecPhases].record(stream);
+}
+
+std::array<float, kNumSpecPhases> SpecStep::phase_us() const {
+  std::array<float, kNumSpecPhases> us{};
+  for (int p = 0; p < kNumSpecPhases; ++p) us[p] = 1e3f * marks_[p + 1].elapsed_ms_since(marks_[p]);
+  return us;
 }
 
 }  // namespace graphdecode

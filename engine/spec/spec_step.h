@@ -17,9 +17,11 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "common/buffers.h"
+#include "common/stream.h"
 #include "engine/llama_model.h"
 #include "engine/row_sampler.h"
 #include "engine/runtime/model_runtime.h"
@@ -28,6 +30,15 @@
 #include "graphs/step_program.h"
 
 namespace graphdecode {
+
+// The phases of a speculative step whose device time SpecStep measures (events in the graph).
+enum SpecPhase : int {
+  kSpecPrep = 0,     // step prep (table commands, draft-extend metadata) + spec prep
+  kSpecPropose = 1,  // the proposer's drafts (draft model forwards and sampling, or lookup)
+  kSpecVerify = 2,   // the target's verify forward
+  kSpecAccept = 3,   // the target's sampling of the verify rows + acceptance
+  kNumSpecPhases = 4,
+};
 
 class SpecStep : public StepProgram {
  public:
@@ -47,6 +58,9 @@ class SpecStep : public StepProgram {
   std::int32_t stride() const noexcept { return max_draft_ + 2; }
   std::int32_t max_draft_tokens() const noexcept { return max_draft_; }
   const SpecPrep& spec_prep() const noexcept { return spec_; }
+  // Device microseconds of each phase (SpecPhase) of the last speculative step, once the host has
+  // waited for that step (e.g. for its published tokens).
+  std::array<float, kNumSpecPhases> phase_us() const;
 
  private:
   void prefill(const StepShape& shape, cudaStream_t stream);
@@ -62,6 +76,7 @@ class SpecStep : public StepProgram {
   RowSampler target_sampler_;
   DeviceBuffer<std::int32_t> picks_;      // [max_batch * (max_draft + 1)] the target's tokens
   DeviceBuffer<std::int32_t> published_;  // [max_batch * stride + 1]
+  std::array<Event, kNumSpecPhases + 1> marks_;  // recorded between the phases
 };
 
 }  // namespace graphdecode

@@ -1,14 +1,19 @@
 // model_parity: greedy generation with graphdecode's Llama-family model, for comparison with
-// Hugging Face transformers (scripts/hf_parity.py).
+// Hugging Face transformers (scripts/hf_parity.py, scripts/hf_spec_parity.py).
 //
 //   model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) --prompts FILE
 //                --new-tokens N [--graphs on|off] --out PREFIX
+//                [--draft DIR | --lookup] [--k K]
 //
 // FILE: one prompt per line, space-separated token ids. Writes
 //   PREFIX.json  {"steps", "batch", "vocab", "graph_steps", "eager_steps", "tokens": [[...]]}
 //   PREFIX.f32   raw float32 logits [steps][batch][vocab] (each request's last token per step)
+// With --draft (a draft model's checkpoint) or --lookup (prompt lookup): speculative decoding of
+// up to K drafts per step (default 4) by the Engine, all prompts in one batch; the JSON adds the
+// acceptance ("drafted", "accepted", "tokens_per_step"), no logits file.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -21,6 +26,7 @@
 #include "common/device.h"
 #include "common/error.h"
 #include "common/stream.h"
+#include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
@@ -54,15 +60,69 @@ std::string read_text(const std::string& path) {
 
 int usage() {
   std::cerr << "usage: model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) "
-               "--prompts FILE --new-tokens N [--graphs on|off] --out PREFIX\n";
+               "--prompts FILE --new-tokens N [--graphs on|off] --out PREFIX "
+               "[--draft DIR | --lookup] [--k K]\n";
   return 2;
+}
+
+void write_tokens(std::ostream& js, const std::vector<std::vector<std::int32_t>>& tokens) {
+  js << "\"tokens\": [";
+  for (std::size_t p = 0; p < tokens.size(); ++p) {
+    js << (p ? ", " : "") << "[";
+    for (std::size_t t = 0; t < tokens[p].size(); ++t) js << (t ? ", " : "") << tokens[p][t];
+    js << "]";
+  }
+  js << "]";
+}
+
+// Greedy speculative decoding of every prompt in one batch by the Engine.
+int run_speculative(const HostWeights& target, const HostWeights* draft,
+                    const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t new_tokens,
+                    std::int32_t k, bool graphs, const std::string& out) {
+  EngineConfig ec;
+  ec.max_batch = static_cast<std::int32_t>(prompts.size());
+  std::int32_t longest = 0, total = 0;
+  for (const auto& p : prompts) {
+    longest = std::max(longest, static_cast<std::int32_t>(p.size()));
+    total += static_cast<std::int32_t>(p.size());
+  }
+  ec.max_context = longest + new_tokens;
+  ec.max_step_tokens = total;
+  ec.use_graphs = graphs;
+  ec.speculative.max_draft_tokens = k;
+  ec.speculative.k_by_batch = {{ec.max_batch, k}};
+  ec.speculative.proposer = draft ? SpecProposer::kDraftModel : SpecProposer::kNgram;
+  Engine engine(target, ec, draft);
+  std::vector<std::vector<std::int32_t>> tokens(prompts.size());
+  for (std::size_t r = 0; r < prompts.size(); ++r) {
+    RequestSpec s;
+    s.prompt = prompts[r];
+    s.max_new_tokens = new_tokens;
+    engine.submit(std::move(s), [&tokens, r](const TokenEvent& e) { tokens[r].push_back(e.token); });
+  }
+  engine.run_until_idle();
+  const EngineStats st = engine.stats();
+  std::ofstream js(out + ".json");
+  js << "{\"steps\": " << new_tokens << ", \"batch\": " << prompts.size()
+     << ", \"vocab\": " << target.config.vocab_size << ", \"graph_steps\": " << st.graph_steps
+     << ", \"eager_steps\": " << st.eager_steps << ", \"drafted\": " << st.drafted_tokens
+     << ", \"accepted\": " << st.accepted_tokens
+     << ", \"tokens_per_step\": " << st.tokens_per_spec_row() << ", ";
+  write_tokens(js, tokens);
+  js << "}\n";
+  std::cout << "model_parity: speculative, " << prompts.size() << " prompts, " << st.accepted_tokens
+            << " of " << st.drafted_tokens << " drafts accepted, " << st.tokens_per_spec_row()
+            << " tokens per step -> " << out << ".json\n";
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, synthetic, prompts_path, out;
+  std::string checkpoint, synthetic, prompts_path, out, draft_dir;
   std::uint64_t seed = 1;
+  bool lookup = false;
+  std::int32_t k = 4;
   GenerateOptions opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -81,6 +141,12 @@ int main(int argc, char** argv) {
       opt.use_graphs = next() != "off";
     else if (a == "--out")
       out = next();
+    else if (a == "--draft")
+      draft_dir = next();
+    else if (a == "--lookup")
+      lookup = true;
+    else if (a == "--k")
+      k = std::stoi(next());
     else
       return usage();
   }
@@ -96,6 +162,12 @@ int main(int argc, char** argv) {
             ? synthetic_weights(ModelConfig::from_json_text(read_text(synthetic), synthetic), seed)
             : load_checkpoint(checkpoint);
     const auto prompts = read_prompts(prompts_path);
+    if (!draft_dir.empty() || lookup) {
+      if (!draft_dir.empty() && lookup) return usage();
+      const HostWeights draft = draft_dir.empty() ? HostWeights{} : load_checkpoint(draft_dir);
+      return run_speculative(weights, draft_dir.empty() ? nullptr : &draft, prompts,
+                             opt.new_tokens, k, opt.use_graphs, out);
+    }
     Stream stream;
     std::ofstream logits_out(out + ".f32", std::ios::binary);
     if (!logits_out) throw Error("cannot write", "model_parity", "out", out + ".f32");
@@ -111,13 +183,9 @@ int main(int argc, char** argv) {
        << ", \"vocab\": " << weights.config.vocab_size
        << ", \"graphs\": " << (opt.use_graphs ? "true" : "false")
        << ", \"graph_steps\": " << r.graph_steps << ", \"eager_steps\": " << r.eager_steps
-       << ", \"tokens\": [";
-    for (std::size_t p = 0; p < r.tokens.size(); ++p) {
-      js << (p ? ", " : "") << "[";
-      for (std::size_t t = 0; t < r.tokens[p].size(); ++t) js << (t ? ", " : "") << r.tokens[p][t];
-      js << "]";
-    }
-    js << "]}\n";
+       << ", ";
+    write_tokens(js, r.tokens);
+    js << "}\n";
     std::cout << "model_parity: " << prompts.size() << " prompts, " << opt.new_tokens
               << " new tokens, graph steps " << r.graph_steps << ", eager steps " << r.eager_steps
               << " -> " << out << ".{json,f32}\n";
