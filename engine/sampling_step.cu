@@ -91,6 +91,8 @@ SamplingStep::SamplingStep(LlamaModel& model, const StepInput& input, cudaStream
   feedback_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(cap.max_slots));
   published_ = DeviceBuffer<std::int32_t>(b + 1);
   for (auto* buf : {&top_k_, &tokens_, &feedback_, &published_}) buf->fill_bytes(0, stream);
+  sampling_ws_ = DeviceBuffer<std::uint8_t>(sampling_workspace_bytes(max_batch_, model_.vocab()));
+  sampling_ws_.fill_bytes(0, stream);
   model_.set_token_feedback(feedback_.data());
 }
 
@@ -124,6 +126,8 @@ void SamplingStep::enqueue(const StepShape& shape, cudaStream_t stream) {
   a.num_rows = num_requests;
   a.max_rows = rows;
   a.vocab = model_.vocab();
+  a.workspace = sampling_ws_.data();
+  a.workspace_bytes = sampling_ws_.bytes();
   sample(a, stream);
 
   PublishParams p;

@@ -64,6 +64,7 @@ class SamplingStep : public StepProgram {
   DeviceBuffer<std::int32_t> tokens_;            // [max_batch] sampler output
   DeviceBuffer<std::int32_t> feedback_;          // [max_slots]
   DeviceBuffer<std::int32_t> published_;         // [max_batch + 1]
+  DeviceBuffer<std::uint8_t> sampling_ws_;       // sample()'s workspace, zeroed once
 };
 
 }  // namespace graphdecode

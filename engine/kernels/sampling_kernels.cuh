@@ -1,0 +1,293 @@
+// Internals of device sampling (sampling.h) shared by its three passes: tuning constants, the
+// workspace layout, the launch parameters, chunk loads and the warp / block primitives.
+//
+// The passes, in stream order (each a kernel; the token never depends on how a row is chunked):
+//   scan    (sampling_scan.cu)    CTA per (row, chunk): argmax into one 64-bit atomicMax per CTA;
+//           for rows with top-k or top-p, a 12-bit histogram of the order keys (counts; for top-p
+//           also approximate masses relative to each bucket's maximum), merged into the row's
+//           global histogram. The row's last CTA (arrival ticket) writes greedy tokens and, for
+//           sampled rows, the plan: the top-k bucket and the top-p bucket range [lo, hi].
+//   filter  (sampling_filter.cu)  CTA per (row, chunk), rows in reverse order (the rows the scan
+//           read last are still in L2): tokens in buckets above hi are kept for sure: scored,
+//           their exact masses summed; tokens of the top-k bucket and of [lo, hi] are appended
+//           to the row's candidate list; tokens between the top-k bucket and lo add their exact
+//           mass to the top-p total.
+//   resolve (sampling_resolve.cu) CTA per row: the exact thresholds among the candidates, an
+//           exact integer check that [lo, hi] held the top-p threshold, the best candidate score,
+//           the token. Otherwise (overflow, failed check) the exact whole-row algorithm.
+// Every counter a call relies on being zero is reset by the pass that consumes it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/kernels/sampling.h"
+#include "engine/kernels/sampling_math.h"
+
+namespace graphdecode::sampling {
+
+using u64 = unsigned long long;
+using u32 = std::uint32_t;
+
+// ---- tuning constants --------------------------------------------------------------------------
+// 256 threads for the streaming passes: 16-byte loads, 32 logits per thread in registers at the
+// large chunk, 6 CTAs per SM with the 32 KB histogram.
+constexpr int kScanThreads = 256;
+// Logits per CTA: 2048 when max_rows <= kSmallBatch (63 CTAs per 128k row: a lone row still
+// spreads over half the SMs), else 8192 (16 CTAs per 128k row; per-CTA fixed costs, histogram
+// clears and merges, stay small against 32 logits per thread). Both are multiples of 8 so vectors
+// and Philox groups of 4 never straddle a chunk.
+constexpr int kSmallChunk = 2048;
+constexpr int kLargeChunk = 8192;
+constexpr int kSmallBatch = 8;
+// Candidate list per row: the boundary buckets of near-flat 128k-256k rows hold 2k-8k tokens;
+// 16384 x 8 bytes = 128 KB of the resolve CTA's shared memory.
+constexpr int kMaxCandidates = 16384;
+// The resolve CTA: 16 warps; the exact whole-row path walks a 128k row in 16 strides.
+constexpr int kResolveThreads = 512;
+// Approximate per-CTA bucket masses: exp((l - bucket max) / T) in u32 fixed point with 18
+// fractional bits (8192 logits x 2^18 = 2^31 fits); rounding error <= 2^-19 per logit.
+constexpr int kApproxFracBits = 18;
+// Relative slack on the approximate masses (float exp, double rescaling): the real error is
+// ~1e-6; the range only has to contain the threshold, and the exact check backs it.
+constexpr double kApproxSlack = 1e-4;
+
+// ---- workspace
+// -----------------------------------------------------------------------------------
+enum RowMode : std::int32_t { kModeDone = 0, kModeFast = 1, kModeExact = 2 };
+
+// Per-row state. Counters (argmax .. cand_count) are zero between calls; the plan is written by
+// the scan's last CTA before the filter and resolve passes read it.
+struct alignas(128) RowState {
+  u64 argmax;      // scan: atomicMax of pack_max(key, index); reset by the plan
+  u64 s_hi;        // filter: exact mass of the sure-kept tokens; reset by resolve
+  u64 s_mid;       // filter: exact mass of top-k-set tokens below the range; reset by resolve
+  u64 best;        // filter: atomicMax of pack_max(score key, index); reset by resolve
+  u32 ticket;      // scan: arrived CTAs; reset by the plan
+  u32 cand_count;  // filter: candidates appended; reset by resolve
+  // The plan.
+  float top;            // max logit
+  std::int32_t greedy;  // its index
+  std::int32_t mode;    // RowMode
+  std::int32_t bk;      // bucket holding the k-th largest key; -1 = top-k off
+  std::int32_t lo, hi;  // top-p bucket range (top-k only: bk, bk; neither: -1, -1)
+  u32 above_k;          // tokens in buckets above bk
+  u32 below;            // tokens of the top-k set's buckets below lo (0: nothing to check)
+};
+
+struct RowHist {  // zero between calls; the plan clears it
+  u32 count[kBuckets];
+  u32 maxkey[kBuckets];
+  double mass[kBuckets];  // sum of exp((l - bucket_top_value) / T)
+};
+
+// One row's block of the workspace; the layout depends on vocab only, so a call with fewer rows
+// uses the same blocks.
+__host__ __device__ constexpr std::size_t candidate_capacity(std::int32_t vocab) {
+  return static_cast<std::size_t>(vocab < kMaxCandidates ? vocab : kMaxCandidates);
+}
+__host__ __device__ constexpr std::size_t row_block_bytes(std::int32_t vocab) {
+  return sizeof(RowState) + sizeof(RowHist) + ((candidate_capacity(vocab) * 8 + 127) / 128) * 128;
+}
+
+struct Workspace {
+  unsigned char* base = nullptr;
+  std::size_t row_bytes = 0;
+  std::int32_t cap = 0;  // candidate slots per row
+
+  __device__ RowState& state(int r) const {
+    return *reinterpret_cast<RowState*>(base + static_cast<std::size_t>(r) * row_bytes);
+  }
+  __device__ RowHist& hist(int r) const {
+    return *reinterpret_cast<RowHist*>(base + static_cast<std::size_t>(r) * row_bytes +
+                                       sizeof(RowState));
+  }
+  __device__ u64* cand(int r) const {
+    return reinterpret_cast<u64*>(base + static_cast<std::size_t>(r) * row_bytes +
+                                  sizeof(RowState) + sizeof(RowHist));
+  }
+};
+
+// ---- launch parameters -------------------------------------------------------------------------
+struct Launch {
+  SamplingArgs a;  // row_stride resolved
+  Workspace ws;
+  std::int32_t chunk = 0;       // logits per scan / filter CTA
+  std::int32_t chunks = 0;      // CTAs per row
+  std::int32_t cand_limit = 0;  // candidates allowed before the exact path (<= ws.cap)
+  bool vec_ok = false;          // rows are 16-byte aligned: vector loads
+};
+
+void launch_scan(const Launch& L, cudaStream_t stream);     // sampling_scan.cu
+void launch_filter(const Launch& L, cudaStream_t stream);   // sampling_filter.cu
+void launch_resolve(const Launch& L, cudaStream_t stream);  // sampling_resolve.cu
+
+// ---- per-row parameters ------------------------------------------------------------------------
+struct RowParams {
+  float inv_t;
+  float top_p;
+  std::int32_t top_k;
+  bool sampled, k_on, p_on;
+};
+
+__device__ __forceinline__ RowParams row_params(const SamplingArgs& a, int r) {
+  RowParams p;
+  const float t = a.temperature[r];
+  p.sampled = t > 0.f;
+  p.inv_t = 1.f / t;
+  p.top_k = a.top_k[r];
+  p.top_p = a.top_p[r];
+  p.k_on = p.sampled && top_k_on(p.top_k, a.vocab);
+  p.p_on = p.sampled && top_p_on(p.top_p);
+  return p;
+}
+
+// ---- chunk loads -------------------------------------------------------------------------------
+template <typename T>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  static constexpr int kWidth = 4;  // 16 bytes
+};
+template <>
+struct VecOf<__nv_bfloat16> {
+  static constexpr int kWidth = 8;
+};
+
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Logits i0 .. i0 + W - 1 of a row as floats; i0 is a multiple of W. Out-of-row slots are left
+// as they are (callers test i < vocab).
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* row, int i0, int vocab, bool vec_ok,
+                                         float (&out)[VecOf<T>::kWidth]) {
+  constexpr int W = VecOf<T>::kWidth;
+  if (vec_ok && i0 + W <= vocab) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + i0);
+    if constexpr (W == 4) {
+      out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
+      out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
+    } else {
+      const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[2 * j] = __uint_as_float(w[j] << 16);
+        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (i0 + j < vocab) out[j] = to_float(row[i0 + j]);
+  }
+}
+
+// ---- warp primitives (called by all 32 lanes) --------------------------------------------------
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ u64 warp_sum(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ u32 warp_sum(u32 v) {
+  return __reduce_add_sync(kFull, v);
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ u64 warp_max(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u64 w = __shfl_xor_sync(kFull, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// hist[bin] += w with one atomic per warp when every contributing lane has the same bin (ties and
+// near-constant rows: the case where per-lane atomics would serialize 32 deep), else per lane.
+template <typename W>
+__device__ __forceinline__ void warp_add(W* hist, u32 bin, W w) {
+  const unsigned live = __ballot_sync(kFull, w != 0);
+  if (live == 0) return;
+  const int leader = __ffs(live) - 1;
+  const u32 bin0 = __shfl_sync(kFull, bin, leader);
+  if (__all_sync(kFull, w == 0 || bin == bin0)) {
+    const W s = warp_sum(w);
+    if ((threadIdx.x & 31) == leader) atomicAdd(&hist[bin0], s);
+  } else if (w != 0) {
+    atomicAdd(&hist[bin], w);
+  }
+}
+
+// hist[bin] = max(hist[bin], v) for lanes with `on`, aggregated the same way.
+__device__ __forceinline__ void warp_max_bin(u32* hist, u32 bin, u32 v, bool on) {
+  const unsigned live = __ballot_sync(kFull, on);
+  if (live == 0) return;
+  const int leader = __ffs(live) - 1;
+  const u32 bin0 = __shfl_sync(kFull, bin, leader);
+  if (__all_sync(kFull, !on || bin == bin0)) {
+    const u32 m = __reduce_max_sync(kFull, on ? v : 0u);
+    if ((threadIdx.x & 31) == leader) atomicMax(&hist[bin0], m);
+  } else if (on) {
+    atomicMax(&hist[bin], v);
+  }
+}
+
+// ---- block primitives (called by every thread; scratch holds one value per warp) ---------------
+template <int NT, typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T s = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) s += scratch[w];
+  return s;
+}
+
+template <int NT>
+__device__ __forceinline__ u64 block_max(u64 v, u64* scratch) {
+  v = warp_max(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u64 m = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) m = scratch[w] > m ? scratch[w] : m;
+  return m;
+}
+
+// Sum of v over the threads with a larger index (an exclusive suffix scan).
+template <int NT, typename T>
+__device__ __forceinline__ T block_suffix(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T incl = v;  // sum over lanes >= lane
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_down_sync(kFull, incl, o);
+    if (lane + o < 32) incl += y;
+  }
+  __syncthreads();
+  if (lane == 0) scratch[warp] = incl;
+  __syncthreads();
+  T above = incl - v;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w)
+    if (w > warp) above += scratch[w];
+  return above;
+}
+
+}  // namespace graphdecode::sampling

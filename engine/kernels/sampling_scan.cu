@@ -1,0 +1,307 @@
+// Sampling pass 1 (sampling_kernels.cuh): argmax and the 12-bit key histogram of each chunk, then,
+// in the row's last CTA, the plan.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "common/cuda_check.h"
+#include "engine/kernels/sampling_kernels.cuh"
+
+namespace graphdecode::sampling {
+namespace {
+
+constexpr int kPerThread = kBuckets / kScanThreads;  // buckets each thread owns in the plan: 16
+// 3 CTAs per SM (<= 85 registers): 24 warps keep the loads in flight through the histogram's
+// barriers.
+constexpr int kScanMinBlocks = 3;
+
+struct ScanShared {
+  u32 a[kBuckets];  // counts, then approximate masses
+  u32 b[kBuckets];  // largest key per bucket
+  u64 red64[kScanThreads / 32];
+  double redd[kScanThreads / 32];
+  u32 red32[kScanThreads / 32];
+  bool last;
+  // Plan scalars.
+  std::int32_t bk, lo, hi;
+  u32 above_k, ge_lo, ge_hi1, ge_bk0, count_bk;
+};
+
+// The plan of row r, by the row's last scan CTA (all threads). Thread t owns buckets
+// [16t, 16t + 16): a larger t holds larger keys.
+__device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShared& sh) {
+  RowState& st = L.ws.state(r);
+  RowHist& h = L.ws.hist(r);
+  const int tid = threadIdx.x;
+  const u64 am = __ldcg(&st.argmax);
+  const int greedy = am != 0 ? static_cast<int>(packed_index(am)) : 0;
+  const float top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
+  const bool hist = rp.k_on || rp.p_on;
+  const bool sample_it = rp.sampled && am != 0 && isfinite(top) && isfinite(rp.inv_t);
+
+  // Read this thread's buckets and clear them for the next call. For top-p, each bucket's
+  // approximate mass A (units: the top token's mass = 1) becomes a bound pair kept in shared
+  // memory (the histogram bins are free now): lower = A - E, upper = A + E, E the error bound.
+  const int b0 = tid * kPerThread;
+  float* lower = reinterpret_cast<float*>(sh.a);
+  float* upper = reinterpret_cast<float*>(sh.b);
+  u32 cnt[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) cnt[j] = 0;
+  if (hist) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      cnt[j] = __ldcg(&h.count[b0 + j]);
+      h.count[b0 + j] = 0;
+    }
+  }
+  if (rp.p_on) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int b = b0 + j;
+      const double dm = __ldcg(&h.mass[b]);
+      const u32 mk = __ldcg(&h.maxkey[b]);
+      h.mass[b] = 0.0;
+      h.maxkey[b] = 0;
+      double A = 0.0, E = 0.0;
+      if (cnt[j] != 0 && sample_it) {
+        // A = sum exp((l - top) / T) = mass * exp((bucket top - top) / T), in logs: no overflow.
+        const double inv_t = rp.inv_t;
+        if (dm > 0.0)
+          A = exp(log(dm) +
+                  (static_cast<double>(bucket_top_value(b)) - static_cast<double>(top)) * inv_t);
+        // Rounding to 2^-18 loses <= 2^-19 of the CTA's bucket maximum per logit.
+        E = cnt[j] * 0x1p-19 *
+                exp((static_cast<double>(key_to_float(mk)) - static_cast<double>(top)) * inv_t) +
+            kApproxSlack * A;
+        if (!(A < INFINITY) || !(E < INFINITY)) A = 0.0, E = INFINITY;
+      }
+      lower[b] = A - E > 0.0 ? __double2float_rd(A - E) : 0.f;
+      upper[b] = __double2float_ru(A + E);
+    }
+  }
+  if (tid == 0) {
+    sh.bk = -1;
+    sh.lo = sh.hi = kBuckets;
+  }
+  __syncthreads();  // every thread has read st.argmax and the histogram
+  if (tid == 0) {
+    st.argmax = 0;
+    st.ticket = 0;
+  }
+  if (!sample_it) {
+    if (tid == 0) {
+      L.a.tokens[r] = greedy;
+      if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
+      st.mode = kModeDone;
+    }
+    return;
+  }
+  if (!hist) {  // temperature only: every token is kept
+    if (tid == 0) {
+      st.top = top, st.greedy = greedy, st.mode = kModeFast;
+      st.bk = -1, st.lo = -1, st.hi = -1, st.above_k = 0, st.below = 0;
+    }
+    return;
+  }
+
+  // Top-k: the bucket where the count from the top reaches k.
+  u32 own = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) own += cnt[j];
+  const u32 above_me = block_suffix<kScanThreads>(own, sh.red32);
+  if (rp.k_on) {
+    const u32 k = static_cast<u32>(rp.top_k);
+    u32 run = above_me;
+#pragma unroll
+    for (int j = kPerThread - 1; j >= 0; --j) {
+      if (run < k && k <= run + cnt[j]) sh.bk = b0 + j, sh.above_k = run;
+      run += cnt[j];
+    }
+  }
+  __syncthreads();
+  const int bk = sh.bk;
+  const int bk0 = rp.k_on ? bk : 0;  // lowest bucket of the top-k set
+
+  int lo = bk, hi = bk;
+  if (rp.p_on) {
+    // Bounds on Z (the top-k set's mass) and on C(b), the mass of buckets above b. The top
+    // token of bucket b is kept iff C(b) < p Z: possibly when C_lo(b) < p Z_hi, surely when
+    // C_hi(b) < p Z_lo.
+    double lo_part = 0, hi_part = 0, own_lo = 0, own_hi = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int b = b0 + j;
+      if (b < bk0) lower[b] = 0.f, upper[b] = 0.f;
+      own_lo += lower[b];
+      own_hi += upper[b];
+      if (!rp.k_on || b > bk) lo_part += lower[b];  // bucket bk is only partly in the set
+      hi_part += upper[b];
+    }
+    const double z_lo = fmax(block_sum<kScanThreads>(lo_part, sh.redd), 1.0);  // top token: 1
+    const double z_hi = fmax(block_sum<kScanThreads>(hi_part, sh.redd), z_lo);
+    const double p = rp.top_p;
+    double c_lo = block_suffix<kScanThreads>(own_lo, sh.redd);
+    double c_hi = block_suffix<kScanThreads>(own_hi, sh.redd);
+#pragma unroll
+    for (int j = kPerThread - 1; j >= 0; --j) {
+      const int b = b0 + j;
+      if (cnt[j] != 0 && b >= bk0) {
+        if (c_lo < p * z_hi) atomicMin(&sh.lo, b);
+        if (c_hi < p * z_lo) atomicMin(&sh.hi, b);
+      }
+      c_lo += lower[b];
+      c_hi += upper[b];
+    }
+    __syncthreads();
+    hi = sh.hi < kBuckets ? sh.hi : static_cast<int>(bucket_of(key_of(top)));
+    lo = sh.lo < hi ? sh.lo : hi;
+  }
+
+  // Tokens at or above a bucket, from the counts: n_cand and below.
+  u32 ge = above_me;
+#pragma unroll
+  for (int j = kPerThread - 1; j >= 0; --j) {
+    const int b = b0 + j;
+    ge += cnt[j];  // tokens in buckets >= b
+    if (b == lo) sh.ge_lo = ge;
+    if (b == hi + 1) sh.ge_hi1 = ge;
+    if (b == bk0) sh.ge_bk0 = ge;
+    if (b == bk) sh.count_bk = cnt[j];
+  }
+  if (tid == 0 && hi + 1 >= kBuckets) sh.ge_hi1 = 0;
+  __syncthreads();
+  if (tid == 0) {
+    const u32 n_cand = sh.ge_lo - sh.ge_hi1 + (rp.k_on && bk < lo ? sh.count_bk : 0u);
+    st.top = top, st.greedy = greedy;
+    st.mode = n_cand > static_cast<u32>(L.cand_limit) ? kModeExact : kModeFast;
+    st.bk = rp.k_on ? bk : -1;
+    st.lo = lo, st.hi = hi;
+    st.above_k = rp.k_on ? sh.above_k : 0;
+    st.below = rp.p_on ? sh.ge_bk0 - sh.ge_lo : 0;
+  }
+}
+
+template <typename T, int kU>
+__global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
+    scan_kernel(const __grid_constant__ Launch L) {
+  constexpr int W = VecOf<T>::kWidth;
+  const SamplingArgs& a = L.a;
+  const int r = blockIdx.x / L.chunks;
+  const int c = blockIdx.x - r * L.chunks;
+  if (r >= *a.num_rows) return;
+  __shared__ ScanShared sh;
+  const int tid = threadIdx.x;
+  const RowParams rp = row_params(a, r);
+  const bool hist = rp.k_on || rp.p_on;
+  if (hist)
+    for (int b = tid; b < kBuckets; b += kScanThreads) sh.a[b] = 0, sh.b[b] = 0;
+
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const int vocab = a.vocab;
+  const int base = c * L.chunk;
+  float v[kU][W];
+#pragma unroll
+  for (int j = 0; j < kU; ++j)
+    load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
+  auto index = [&](int j, int e) { return base + (j * kScanThreads + tid) * W + e; };
+
+  u64 best = 0;
+#pragma unroll
+  for (int j = 0; j < kU; ++j)
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const int i = index(j, e);
+      if (i < vocab && v[j][e] == v[j][e]) {
+        const u64 pk = pack_max(key_of(v[j][e]), static_cast<u32>(i));
+        best = pk > best ? pk : best;
+      }
+    }
+
+  if (hist) {
+    __syncthreads();  // histogram cleared
+#pragma unroll
+    for (int j = 0; j < kU; ++j)
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const bool ok = index(j, e) < vocab;
+        const u32 key = key_of(v[j][e]);
+        const u32 d = bucket_of(key);
+        warp_add<u32>(sh.a, d, ok ? 1u : 0u);
+        if (rp.p_on) warp_max_bin(sh.b, d, key, ok);
+      }
+    __syncthreads();
+    RowHist& h = L.ws.hist(r);
+    for (int b = tid; b < kBuckets; b += kScanThreads) {
+      const u32 n = sh.a[b];
+      if (n != 0) {
+        atomicAdd(&h.count[b], n);
+        if (rp.p_on) atomicMax(&h.maxkey[b], sh.b[b]);
+      }
+      sh.a[b] = 0;  // this thread's bins become mass sums
+    }
+    if (rp.p_on) {
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kU; ++j)
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const bool ok = index(j, e) < vocab;
+          const u32 d = bucket_of(key_of(v[j][e]));
+          // Relative to the CTA's bucket maximum: in (0, 1], fine resolution for every bucket.
+          const float m = expf((v[j][e] - key_to_float(sh.b[d])) * rp.inv_t);
+          const u32 q = ok && m > 0.f ? __float2uint_rn(m * (1 << kApproxFracBits)) : 0u;
+          warp_add<u32>(sh.a, d, q);
+        }
+      __syncthreads();
+      for (int b = tid; b < kBuckets; b += kScanThreads) {
+        const u32 q = sh.a[b];
+        if (q != 0) {
+          const double shift = (static_cast<double>(key_to_float(sh.b[b])) -
+                                static_cast<double>(bucket_top_value(b))) *
+                               static_cast<double>(rp.inv_t);
+          atomicAdd(&h.mass[b], q * 0x1p-18 * exp(shift));
+        }
+      }
+    }
+  }
+
+  best = block_max<kScanThreads>(best, sh.red64);
+  RowState& st = L.ws.state(r);
+  if (tid == 0 && best != 0) atomicMax(&st.argmax, best);
+  // Last-CTA detection: every CTA's global atomics are ordered before its ticket.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sh.last = atomicAdd(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  make_plan(L, r, rp, sh);
+}
+
+template <typename T, int kU>
+void launch(const Launch& L, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(L.chunks) * static_cast<unsigned>(L.a.max_rows);
+  scan_kernel<T, kU><<<grid, kScanThreads, 0, stream>>>(L);
+  GD_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_scan(const Launch& L, cudaStream_t stream) {
+  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
+  const bool small = L.chunk == kSmallChunk;
+  if (L.a.logits_type == LogitsType::kFloat32) {
+    if (small)
+      launch<float, kSmallChunk / (kScanThreads * kF)>(L, stream);
+    else
+      launch<float, kLargeChunk / (kScanThreads * kF)>(L, stream);
+  } else {
+    if (small)
+      launch<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>(L, stream);
+    else
+      launch<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>(L, stream);
+  }
+}
+
+}  // namespace graphdecode::sampling
