@@ -3,6 +3,7 @@
 // bench/sampling_legacy.cuh) on the same data in the same run.
 //
 //   bench_sampling [--json PATH] [--reps N]
+//   bench_sampling --profile B DIST CASE   (3 eager calls of one case, for ncu; DIST flat|peaked)
 //
 // Cases: all greedy; all temperature 0.8; all top-k 50; all top-p 0.95; all top-k 50 + top-p 0.95;
 // the engine's mix (odd rows greedy, even rows T 0.8 + top-k 50 + top-p 0.95). Logits: near-flat
@@ -12,6 +13,9 @@
 // warm-up; "flushed": a read of 2x the L2 before each replay (cold logits); "warm": back-to-back
 // replays (logits as L2 kept them; in the engine the LM-head GEMM has just written them).
 // "extra" = time minus the all-greedy time of the same batch, distribution and L2 mode.
+// Per-pass breakdown (warm): graphs of the scan alone, scan + filter, and all three passes; the
+// differences are what filter and resolve add (the workspace is cleared after the partial graphs,
+// which leave the filter's accumulators set).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +34,7 @@
 #include "common/error.h"
 #include "common/stream.h"
 #include "engine/kernels/sampling.h"
+#include "engine/kernels/sampling_kernels.cuh"
 #include "graphs/cuda_graph.h"
 
 namespace graphdecode::bench {
@@ -161,6 +166,7 @@ struct Result {
   int batch = 0, dist = 0, config = 0;
   bool flushed = false;
   double new_us = 0, legacy_us = 0, extra_us = 0;
+  double scan_us = 0, filter_us = 0, resolve_us = 0;  // warm only
   int fast_rows = 0, exact_rows = 0, sampled_rows = 0, agree = 0;
 };
 
@@ -201,13 +207,27 @@ void bench_batch(int batch, int dist, int reps, int legacy_reps, Flush& flush, c
     }
     const CudaGraph g_new = CudaGraph::capture(s, [&] { sample(a, s); });
     const CudaGraph g_old = CudaGraph::capture(s, [&] { legacy::sample(a, s); });
+    const sampling::Launch L = sampling::make_launch(a);
+    const CudaGraph g_scan = CudaGraph::capture(s, [&] { sampling::launch_scan(L, s); });
+    const CudaGraph g_scan_filter = CudaGraph::capture(s, [&] {
+      sampling::launch_scan(L, s);
+      sampling::launch_filter(L, s);
+    });
+    const double scan_us = replay_us(g_scan, reps, nullptr, s);
+    const double scan_filter_us = replay_us(g_scan_filter, reps, nullptr, s);
+    rig.ws.fill_bytes(0, s);  // the partial graphs left the filter's accumulators set
     for (int f = 0; f < 2; ++f) {
       Result r = base;
       r.flushed = f == 1;
+      if (!r.flushed) {
+        r.scan_us = scan_us;
+        r.filter_us = scan_filter_us - scan_us;
+      }
       r.new_us = replay_us(g_new, reps, r.flushed ? &flush : nullptr, s);
       r.legacy_us = replay_us(g_old, legacy_reps, r.flushed ? &flush : nullptr, s);
       if (c == kGreedy) greedy_us[f] = r.new_us;
       r.extra_us = r.new_us - greedy_us[f];
+      if (!r.flushed) r.resolve_us = r.new_us - scan_filter_us;
       out.push_back(r);
     }
   }
@@ -237,11 +257,31 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, int reps, i
       << "\", \"l2\": \"" << (r.flushed ? "flushed" : "warm") << "\", \"case\": \""
       << kConfigNames[r.config] << "\", \"new_us\": " << r.new_us
       << ", \"legacy_us\": " << r.legacy_us << ", \"extra_over_greedy_us\": " << r.extra_us
-      << ", \"sampled_rows\": " << r.sampled_rows << ", \"fast_rows\": " << r.fast_rows
-      << ", \"exact_rows\": " << r.exact_rows << ", \"tokens_equal_legacy\": " << r.agree << "}"
-      << (i + 1 < rs.size() ? "," : "") << "\n";
+      << ", \"scan_us\": " << r.scan_us << ", \"filter_us\": " << r.filter_us
+      << ", \"resolve_us\": " << r.resolve_us << ", \"sampled_rows\": " << r.sampled_rows
+      << ", \"fast_rows\": " << r.fast_rows << ", \"exact_rows\": " << r.exact_rows
+      << ", \"tokens_equal_legacy\": " << r.agree << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
+}
+
+// Three eager calls of one case (for a profiler to pick up).
+int profile(int batch, const std::string& dist, const std::string& config, cudaStream_t s) {
+  int c = 0;
+  while (c < kConfigs && config != kConfigNames[c]) ++c;
+  GD_REQUIRE(c < kConfigs, "CASE", config, "unknown case");
+  Rig rig(batch);
+  fill_normal<<<1024, 256, 0, s>>>(rig.logits.data(), static_cast<std::size_t>(batch) * kVocab,
+                                   0x5eedull);
+  GD_CHECK_LAUNCH();
+  if (dist == "peaked") {
+    add_spikes<<<(batch * kSpikes + 255) / 256, 256, 0, s>>>(rig.logits.data(), batch, kVocab, 7);
+    GD_CHECK_LAUNCH();
+  }
+  rig.set_config(static_cast<Config>(c), s);
+  for (int i = 0; i < 3; ++i) sample(rig.args(), s);
+  GD_CUDA(cudaStreamSynchronize(s));
+  return 0;
 }
 
 int run_main(int argc, char** argv) {
@@ -253,6 +293,9 @@ int run_main(int argc, char** argv) {
       json = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(20, std::atoi(argv[++i]));
+    } else if (a == "--profile" && i + 3 < argc) {
+      Stream s;
+      return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
     } else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20]\n", argv[0]);
       return 2;

@@ -16,8 +16,9 @@ std::size_t sampling_workspace_bytes(std::int32_t max_rows, std::int32_t vocab) 
   return static_cast<std::size_t>(max_rows) * sampling::row_block_bytes(vocab);
 }
 
-void sample(const SamplingArgs& args, cudaStream_t stream) {
-  using namespace sampling;
+namespace sampling {
+
+Launch make_launch(const SamplingArgs& args) {
   SamplingArgs a = args;
   if (a.row_stride == 0) a.row_stride = a.vocab;
   GD_REQUIRE(a.num_rows != nullptr, "num_rows", "nullptr", "the live-row count is read on device");
@@ -57,9 +58,19 @@ void sample(const SamplingArgs& args, cudaStream_t stream) {
   const std::size_t esize = a.logits_type == LogitsType::kFloat32 ? 4 : 2;
   L.vec_ok = reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0 &&
              (static_cast<std::size_t>(a.row_stride) * esize) % 16 == 0;
-  launch_scan(L, stream);
-  launch_filter(L, stream);
-  launch_resolve(L, stream);
+  int dev = 0;
+  GD_CUDA(cudaGetDevice(&dev));
+  GD_CUDA(cudaDeviceGetAttribute(&L.sms, cudaDevAttrMultiProcessorCount, dev));
+  return L;
+}
+
+}  // namespace sampling
+
+void sample(const SamplingArgs& args, cudaStream_t stream) {
+  const sampling::Launch L = sampling::make_launch(args);
+  sampling::launch_scan(L, stream);
+  sampling::launch_filter(L, stream);
+  sampling::launch_resolve(L, stream);
 }
 
 }  // namespace graphdecode

@@ -2,6 +2,8 @@
 // exact masses top-p needs, and compact the boundary buckets' tokens into the candidate list.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
 
@@ -9,27 +11,17 @@ namespace graphdecode::sampling {
 namespace {
 
 struct FilterShared {
+  float table[kGumbelTableSize];
   u64 red[kScanThreads / 32];
 };
 
+// One (row, chunk) item of a sampled row in fast mode.
 template <typename T, int kU>
-__global__ void __launch_bounds__(kScanThreads) filter_kernel(const __grid_constant__ Launch L) {
+__device__ void filter_item(const Launch& L, int r, int c, RowState& st, const FilterShared& sh,
+                            u64* red) {
   constexpr int W = VecOf<T>::kWidth;
   const SamplingArgs& a = L.a;
-  // Rows in the reverse of the scan's order: the rows it read last are the likeliest in L2.
-  const int lin = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  const int r = lin / L.chunks;
-  const int c = lin - r * L.chunks;
-  if (r >= *a.num_rows) return;
-  RowState& st = L.ws.state(r);
-  if (st.mode != kModeFast) return;
-  __shared__ FilterShared sh;
   const int tid = threadIdx.x, lane = tid & 31;
-  const RowParams rp = row_params(a, r);
-  const float top = st.top;
-  const int bk = st.bk, lo = st.lo, hi = st.hi;
-  const std::uint64_t seed = a.seed[r], step = a.step[r];
-
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
   const int base = c * L.chunk;
@@ -37,9 +29,14 @@ __global__ void __launch_bounds__(kScanThreads) filter_kernel(const __grid_const
 #pragma unroll
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
-
+  const RowParams rp = row_params(a, r);
+  const float top = st.top;
+  const int bk = st.bk, lo = st.lo, hi = st.hi;
+  const std::uint64_t seed = a.seed[r], step = a.step[r];
   u64* cand = L.ws.cand(r);
-  u64 s_hi = 0, s_mid = 0, best = 0;
+  u64 s_hi = 0, s_mid = 0;
+  ScoreMax m;
+  m.floor = packed_key(__ldcg(&st.best));  // a score other CTAs of the row already reached
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
@@ -64,15 +61,12 @@ __global__ void __launch_bounds__(kScanThreads) filter_kernel(const __grid_const
       if (((score_bits >> (4 * g)) & 0xfu) == 0) continue;
       const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(i0 / 4 + g));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (!((score_bits >> (4 * g + e)) & 1u)) continue;
-        const float s = score_of(v[j][4 * g + e], top, rp.inv_t, rnd.v[e]);
-        if (s == s) {
-          const u64 pk = pack_max(key_of(s), static_cast<u32>(i0 + 4 * g + e));
-          best = pk > best ? pk : best;
-        }
-      }
+      for (int e = 0; e < 4; ++e)
+        if ((score_bits >> (4 * g + e)) & 1u)
+          offer(m, sh.table, v[j][4 * g + e], top, rp.inv_t, rnd.v[e],
+                static_cast<u32>(i0 + 4 * g + e));
     }
+    m.floor = __reduce_max_sync(kFull, m.floor);  // the warp's best score bounds every lane
     // Append the candidates: one atomic per warp and vector.
     const u32 n = __popc(cand_bits);
     u32 incl = n;
@@ -95,11 +89,10 @@ __global__ void __launch_bounds__(kScanThreads) filter_kernel(const __grid_const
       }
     }
   }
-
   // One atomic per CTA and quantity.
-  s_hi = block_sum<kScanThreads>(s_hi, sh.red);
-  s_mid = block_sum<kScanThreads>(s_mid, sh.red);
-  best = block_max<kScanThreads>(best, sh.red);
+  s_hi = block_sum<kScanThreads>(s_hi, red);
+  s_mid = block_sum<kScanThreads>(s_mid, red);
+  const u64 best = block_max<kScanThreads>(m.best, red);
   if (tid == 0) {
     if (s_hi != 0) atomicAdd(&st.s_hi, s_hi);
     if (s_mid != 0) atomicAdd(&st.s_mid, s_mid);
@@ -107,10 +100,40 @@ __global__ void __launch_bounds__(kScanThreads) filter_kernel(const __grid_const
   }
 }
 
+// A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
+// reverse of the scan's order (the rows it read last are the likeliest in L2).
+template <typename T, int kU>
+__global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
+    filter_kernel(const __grid_constant__ Launch L) {
+  __shared__ FilterShared sh;
+  fill_gumbel_table(sh.table);  // before the wait: overlaps the scan's tail
+  __syncthreads();
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int items = L.chunks * L.a.max_rows;
+  const int live = *L.a.num_rows;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int lin = items - 1 - item;
+    const int r = lin / L.chunks;
+    RowState& st = L.ws.state(r);
+    if (r >= live || st.mode != kModeFast) continue;  // uniform over the CTA
+    filter_item<T, kU>(L, r, lin - r * L.chunks, st, sh, sh.red);
+  }
+}
+
 template <typename T, int kU>
 void launch(const Launch& L, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(L.chunks) * static_cast<unsigned>(L.a.max_rows);
-  filter_kernel<T, kU><<<grid, kScanThreads, 0, stream>>>(L);
+  const int items = L.chunks * L.a.max_rows;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(items, kFilterBlocksPerSm * L.sms)));
+  cfg.blockDim = dim3(kScanThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, filter_kernel<T, kU>, L));
   GD_CHECK_LAUNCH();
 }
 

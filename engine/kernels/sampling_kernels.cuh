@@ -15,7 +15,10 @@
 //   resolve (sampling_resolve.cu) CTA per row: the exact thresholds among the candidates, an
 //           exact integer check that [lo, hi] held the top-p threshold, the best candidate score,
 //           the token. Otherwise (overflow, failed check) the exact whole-row algorithm.
-// Every counter a call relies on being zero is reset by the pass that consumes it.
+// Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
+// resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
+// resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before
+// their first read of the workspace; the scan, launched plainly, lets them start at once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/pdl.cuh"
 #include "engine/kernels/sampling.h"
 #include "engine/kernels/sampling_math.h"
 
@@ -46,8 +50,18 @@ constexpr int kSmallBatch = 8;
 // Candidate list per row: the boundary buckets of near-flat 128k-256k rows hold 2k-8k tokens;
 // 16384 x 8 bytes = 128 KB of the resolve CTA's shared memory.
 constexpr int kMaxCandidates = 16384;
-// The resolve CTA: 16 warps; the exact whole-row path walks a 128k row in 16 strides.
+// The resolve CTA: 16 warps; the exact whole-row path walks a 128k row in 16 strides. One CTA per
+// SM at most (the candidate list takes 128 KB), looping over rows.
 constexpr int kResolveThreads = 512;
+// Filter CTAs resident per SM (<= 64 registers); the grid loops over (row, chunk) items, so rows
+// the filter skips (greedy, exact) cost a load each instead of a CTA launch each.
+constexpr int kFilterBlocksPerSm = 4;
+// Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
+// slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
+// a score already reached cannot win and skips the two logarithms. The slack covers the ulp-level
+// wiggles of logf / log1pf and the rounding of the bound's addition (scores are below 64).
+constexpr int kGumbelTableSize = 256;
+constexpr float kGumbelTableSlack = 1e-4f;
 // Approximate per-CTA bucket masses: exp((l - bucket max) / T) in u32 fixed point with 18
 // fractional bits (8192 logits x 2^18 = 2^31 fits); rounding error <= 2^-19 per logit.
 constexpr int kApproxFracBits = 18;
@@ -118,9 +132,12 @@ struct Launch {
   std::int32_t chunk = 0;       // logits per scan / filter CTA
   std::int32_t chunks = 0;      // CTAs per row
   std::int32_t cand_limit = 0;  // candidates allowed before the exact path (<= ws.cap)
+  std::int32_t sms = 0;         // multiprocessors of the device
   bool vec_ok = false;          // rows are 16-byte aligned: vector loads
 };
 
+// Checks args (graphdecode::Error naming the field) and lays out the launch (sampling.cu).
+Launch make_launch(const SamplingArgs& args);
 void launch_scan(const Launch& L, cudaStream_t stream);     // sampling_scan.cu
 void launch_filter(const Launch& L, cudaStream_t stream);   // sampling_filter.cu
 void launch_resolve(const Launch& L, cudaStream_t stream);  // sampling_resolve.cu
@@ -188,6 +205,36 @@ __device__ __forceinline__ void load_vec(const T* row, int i0, int vocab, bool v
     for (int j = 0; j < W; ++j)
       if (i0 + j < vocab) out[j] = to_float(row[i0 + j]);
   }
+}
+
+// ---- Gumbel-max with bounds -------------------------------------------------------------------
+__device__ __forceinline__ void fill_gumbel_table(float* table) {
+  for (int t = threadIdx.x; t < kGumbelTableSize; t += blockDim.x)
+    table[t] = gumbel_of(static_cast<u32>(t) << 24) + kGumbelTableSlack;
+}
+
+// The running Gumbel-max of a thread: `best` = pack_max(score key, index) of its best exact score;
+// `floor` = the key of a score some token of the row reached (its own, or shared by its warp or
+// the row); 0 = none.
+struct ScoreMax {
+  u64 best = 0;
+  u32 floor = 0;
+};
+
+// Offers token i (logit v, random word `word`) to the running max: skipped when it cannot reach
+// the top token (x < -kGumbelSpan) or when its bound is strictly below `floor`; else scored
+// exactly. Never changes the argmax, only how many scores are computed.
+__device__ __forceinline__ void offer(ScoreMax& m, const float* table, float v, float top,
+                                      float inv_t, u32 word, u32 i) {
+  const float x = scaled_logit(v, top, inv_t);
+  if (!(x >= -kGumbelSpan)) return;
+  if (key_of(x + table[word >> 24]) < m.floor) return;
+  const float s = score_of(v, top, inv_t, word);
+  if (!(s == s)) return;
+  const u32 k = key_of(s);
+  const u64 pk = pack_max(k, i);
+  m.best = pk > m.best ? pk : m.best;
+  m.floor = k > m.floor ? k : m.floor;
 }
 
 // ---- warp primitives (called by all 32 lanes) --------------------------------------------------

@@ -3,6 +3,8 @@
 // settle are decided by the exact whole-row algorithm (radix select over the row, then Gumbel-max).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
 
@@ -12,6 +14,7 @@ namespace {
 constexpr int kWarps = kResolveThreads / 32;
 
 struct ResolveShared {
+  float table[kGumbelTableSize];
   u64 hist64[256];
   u32 hist32[256];
   u64 red[kWarps];
@@ -21,16 +24,18 @@ struct ResolveShared {
   u32 n;
 };
 
-// Radix select (8-bit digits, 4 levels) over keys key_at(0 .. n-1) weighted by weight_of(i, key)
-// (0 = not counted): returns the key K with weight(key > K) < rem <= weight(key >= K), where rem =
-// rem_of(total weight), clamped to [1, total]. Every thread gets K.
+// Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
+// counted): returns the key K with weight(key > K) < rem <= weight(key >= K), where rem =
+// rem_of(total weight), clamped to [1, total]. Every thread gets K. When every weighted key has
+// the top byte `top_byte` (>= 0), the walk starts one level lower: 3 levels instead of 4.
 template <typename W, typename KeyAt, typename WeightOf, typename RemOf>
 __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_of, W* hist,
-                            ResolveShared& sh) {
+                            ResolveShared& sh, int top_byte = -1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  u32 prefix = 0;
+  const int start = top_byte >= 0 ? 16 : 24;
+  u32 prefix = top_byte >= 0 ? static_cast<u32>(top_byte) << 24 : 0u;
   u64 rem = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = start; shift >= 0; shift -= 8) {
     const u32 mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
     __syncthreads();  // the previous level's readers of sh are done
     for (int b = threadIdx.x; b < 256; b += kResolveThreads) hist[b] = 0;
@@ -58,7 +63,7 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
         if (lane >= o) incl += up;
       }
       const u64 total = __shfl_sync(kFull, incl, 31);
-      if (shift == 24) rem = rem_of(total);
+      if (shift == start) rem = rem_of(total);
       if (rem > total) rem = total;  // never with consistent weights; keeps the walk defined
       if (rem == 0) rem = 1;
       const u64 excl = incl - local;
@@ -85,15 +90,6 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
   return prefix;
 }
 
-// Best pack_max(score key, index) of token i with logit v, or `best` when it cannot win.
-__device__ __forceinline__ u64 better(u64 best, float v, float top, float inv_t, u32 word, u32 i) {
-  if (!(scaled_logit(v, top, inv_t) >= -kGumbelSpan)) return best;
-  const float s = score_of(v, top, inv_t, word);
-  if (!(s == s)) return best;
-  const u64 pk = pack_max(key_of(s), i);
-  return pk > best ? pk : best;
-}
-
 // The exact whole-row algorithm, as the definition reads (the plan's fallback).
 template <typename T>
 __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top, int greedy,
@@ -118,7 +114,7 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
         [&](u64 total) { return top_p_target(rp.top_p, total); }, sh.hist64, sh);
   }
   const std::uint64_t seed = a.seed[r], step = a.step[r];
-  u64 best = 0;
+  ScoreMax m;
   for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
     float v[4];
     bool any = false;
@@ -133,28 +129,23 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (4 * g + j < vocab && key_of(v[j]) >= thr)
-        best = better(best, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
+        offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
   }
-  best = block_max<kResolveThreads>(best, sh.red);
+  const u64 best = block_max<kResolveThreads>(m.best, sh.red);
   return best != 0 ? static_cast<int>(packed_index(best)) : greedy;
 }
 
+// One sampled row (all threads).
 template <typename T>
-__global__ void __launch_bounds__(kResolveThreads)
-    resolve_kernel(const __grid_constant__ Launch L) {
-  const int r = blockIdx.x;
+__device__ void resolve_row(const Launch& L, int r, int mode, u64* cs, ResolveShared& sh) {
   const SamplingArgs& a = L.a;
-  if (r >= *a.num_rows) return;
   RowState& st = L.ws.state(r);
-  const int mode = st.mode;
-  if (mode == kModeDone) return;  // greedy: the scan wrote the token
-  extern __shared__ u64 cs[];     // [ws.cap] candidates: key << 32 | index
-  __shared__ ResolveShared sh;
   const int tid = threadIdx.x;
   const RowParams rp = row_params(a, r);
   const float top = st.top;
   const int greedy = st.greedy;
-  if (tid == 0) {  // take the filter's accumulators and clear them for the next call
+  __syncthreads();  // the previous row's readers of sh are done
+  if (tid == 0) {   // take the filter's accumulators and clear them for the next call
     sh.n = st.cand_count, sh.s_hi = st.s_hi, sh.s_mid = st.s_mid, sh.best = st.best;
     st.cand_count = 0, st.s_hi = 0, st.s_mid = 0, st.best = 0;
   }
@@ -177,7 +168,7 @@ __global__ void __launch_bounds__(kResolveThreads)
       const u64 want = static_cast<u64>(rp.top_k) - st.above_k;
       thr_k = block_select<u32>(
           n, key_at, [&](int, u32 key) { return static_cast<int>(bucket_of(key)) == bk ? 1u : 0u; },
-          [&](u64) { return want; }, sh.hist32, sh);
+          [&](u64) { return want; }, sh.hist32, sh, bk >> 4);
     }
     u32 thr = thr_k;
     bool ok = true;
@@ -204,20 +195,21 @@ __global__ void __launch_bounds__(kResolveThreads)
               return key >= thr_k && in_range(key) ? mass_of(key_to_float(key), top, rp.inv_t)
                                                    : 0ull;
             },
-            [&](u64) { return rem_in; }, sh.hist64, sh);
+            [&](u64) { return rem_in; }, sh.hist64, sh, (lo >> 4) == (hi >> 4) ? lo >> 4 : -1);
       }
     }
     if (ok) {
       const std::uint64_t seed = a.seed[r], step = a.step[r];
-      u64 best = 0;
+      ScoreMax m;
+      m.floor = packed_key(sh.best);  // the sure-kept tokens' best score
       for (int i = tid; i < n; i += kResolveThreads) {
         const u32 key = key_at(i);
         if (key < thr || !in_range(key)) continue;
         const u32 idx = static_cast<u32>(cs[i]);
         const Philox4 rnd = sampling_random(seed, step, idx / 4);
-        best = better(best, key_to_float(key), top, rp.inv_t, rnd.v[idx % 4], idx);
+        offer(m, sh.table, key_to_float(key), top, rp.inv_t, rnd.v[idx % 4], idx);
       }
-      best = block_max<kResolveThreads>(best, sh.red);
+      u64 best = block_max<kResolveThreads>(m.best, sh.red);
       best = best > sh.best ? best : sh.best;
       token = best != 0 ? static_cast<int>(packed_index(best)) : greedy;
     } else {
@@ -233,12 +225,39 @@ __global__ void __launch_bounds__(kResolveThreads)
   }
 }
 
+// At most one CTA per SM (the candidate list's shared memory), looping over the rows.
+template <typename T>
+__global__ void __launch_bounds__(kResolveThreads)
+    resolve_kernel(const __grid_constant__ Launch L) {
+  extern __shared__ u64 cs[];  // [ws.cap] candidates: key << 32 | index
+  __shared__ ResolveShared sh;
+  fill_gumbel_table(sh.table);  // before the wait: overlaps the filter's tail
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int live = *L.a.num_rows;
+  for (int r = blockIdx.x; r < live && r < L.a.max_rows; r += gridDim.x) {
+    const int mode = L.ws.state(r).mode;
+    if (mode == kModeDone) continue;  // greedy: the scan wrote the token
+    resolve_row<T>(L, r, mode, cs, sh);
+  }
+}
+
 template <typename T>
 void launch(const Launch& L, cudaStream_t stream) {
   const int smem = L.ws.cap * static_cast<int>(sizeof(u64));
   GD_CUDA(
       cudaFuncSetAttribute(resolve_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  resolve_kernel<T><<<static_cast<unsigned>(L.a.max_rows), kResolveThreads, smem, stream>>>(L);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(L.a.max_rows, L.sms)));
+  cfg.blockDim = dim3(kResolveThreads);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, resolve_kernel<T>, L));
   GD_CHECK_LAUNCH();
 }
 

@@ -39,12 +39,35 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
   const bool hist = rp.k_on || rp.p_on;
   const bool sample_it = rp.sampled && am != 0 && isfinite(top) && isfinite(rp.inv_t);
 
-  // Read this thread's buckets and clear them for the next call. For top-p, each bucket's
-  // approximate mass A (units: the top token's mass = 1) becomes a bound pair kept in shared
-  // memory (the histogram bins are free now): lower = A - E, upper = A + E, E the error bound.
-  const int b0 = tid * kPerThread;
+  // For top-p, each bucket's approximate mass A (units: the top token's mass = 1) becomes a bound
+  // pair in shared memory (the histogram bins are free now): lower = A - E, upper = A + E, E the
+  // error bound. Buckets are strided over the threads here (the non-empty ones are a narrow band),
+  // then owned in contiguous runs of 16 for the scans.
   float* lower = reinterpret_cast<float*>(sh.a);
   float* upper = reinterpret_cast<float*>(sh.b);
+  if (rp.p_on) {
+    for (int b = tid; b < kBuckets; b += kScanThreads) {
+      const u32 n = __ldcg(&h.count[b]);
+      const double dm = __ldcg(&h.mass[b]);
+      const u32 mk = __ldcg(&h.maxkey[b]);
+      h.mass[b] = 0.0;
+      h.maxkey[b] = 0;
+      float A = 0.f, E = 0.f;
+      if (n != 0 && sample_it) {
+        // A = sum exp((l - top) / T) = mass * exp((bucket top - top) / T), in logs: no overflow.
+        if (dm > 0.0)
+          A = expf(logf(static_cast<float>(dm)) + (bucket_top_value(b) - top) * rp.inv_t);
+        // Rounding to 2^-18 loses <= 2^-19 of the CTA's bucket maximum per logit.
+        E = static_cast<float>(n) * 0x1p-19f * expf((key_to_float(mk) - top) * rp.inv_t) +
+            static_cast<float>(kApproxSlack) * A;
+        if (!(A < INFINITY) || !(E < INFINITY)) A = 0.f, E = INFINITY;
+      }
+      lower[b] = A - E > 0.f ? A - E : 0.f;
+      upper[b] = A + E;
+    }
+    __syncthreads();  // counts read above before their owners clear them below
+  }
+  const int b0 = tid * kPerThread;
   u32 cnt[kPerThread];
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) cnt[j] = 0;
@@ -53,31 +76,6 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
     for (int j = 0; j < kPerThread; ++j) {
       cnt[j] = __ldcg(&h.count[b0 + j]);
       h.count[b0 + j] = 0;
-    }
-  }
-  if (rp.p_on) {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int b = b0 + j;
-      const double dm = __ldcg(&h.mass[b]);
-      const u32 mk = __ldcg(&h.maxkey[b]);
-      h.mass[b] = 0.0;
-      h.maxkey[b] = 0;
-      double A = 0.0, E = 0.0;
-      if (cnt[j] != 0 && sample_it) {
-        // A = sum exp((l - top) / T) = mass * exp((bucket top - top) / T), in logs: no overflow.
-        const double inv_t = rp.inv_t;
-        if (dm > 0.0)
-          A = exp(log(dm) +
-                  (static_cast<double>(bucket_top_value(b)) - static_cast<double>(top)) * inv_t);
-        // Rounding to 2^-18 loses <= 2^-19 of the CTA's bucket maximum per logit.
-        E = cnt[j] * 0x1p-19 *
-                exp((static_cast<double>(key_to_float(mk)) - static_cast<double>(top)) * inv_t) +
-            kApproxSlack * A;
-        if (!(A < INFINITY) || !(E < INFINITY)) A = 0.0, E = INFINITY;
-      }
-      lower[b] = A - E > 0.0 ? __double2float_rd(A - E) : 0.f;
-      upper[b] = __double2float_ru(A + E);
     }
   }
   if (tid == 0) {
@@ -194,8 +192,12 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   const int tid = threadIdx.x;
   const RowParams rp = row_params(a, r);
   const bool hist = rp.k_on || rp.p_on;
+  pdl_launch_dependents();  // launched plainly: the filter's CTAs may become resident now
   if (hist)
-    for (int b = tid; b < kBuckets; b += kScanThreads) sh.a[b] = 0, sh.b[b] = 0;
+    for (int b = tid; b < kBuckets; b += kScanThreads) {
+      sh.a[b] = 0;
+      if (rp.p_on) sh.b[b] = 0;
+    }
 
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;

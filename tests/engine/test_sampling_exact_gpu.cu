@@ -126,8 +126,10 @@ void check_rows(Batch& b, int live, const std::vector<std::int32_t>& tok,
     EXPECT_TRUE(path[r] >= 1 && path[r] <= 3) << what << " row " << r << " path " << path[r];
     st.fast += path[r] == static_cast<int>(SamplingPath::kFast);
     st.exact += path[r] != static_cast<int>(SamplingPath::kFast);
-    // Near-flat and peaked rows (the benchmark's) must take the fast path.
-    if (shapes[r] == Shape::kFlat || shapes[r] == Shape::kPeaked)
+    // Near-flat and peaked rows with the benchmark's parameters (p <= 0.95) must take the fast
+    // path (p = 0.9999 over a peaked row puts the threshold deep in the background: too many
+    // candidates, the exact path by design).
+    if ((shapes[r] == Shape::kFlat || shapes[r] == Shape::kPeaked) && !(p.top_p > 0.95f))
       EXPECT_EQ(path[r], static_cast<int>(SamplingPath::kFast))
           << what << " row " << r << " (" << shape_name(shapes[r]) << ") T " << p.temperature
           << " k " << p.top_k << " p " << p.top_p;
