@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run of the sampling work (build, GPU tests, bench, sanitizers), logs under $OUT.
 # Usage (from the checkout root on the device machine): bash scripts/sampling-gpu-run.sh STAGES
-# STAGES: any of test bench engine ncu memcheck racecheck initcheck (run in that order).
+# STAGES: any of test bench ncu memcheck racecheck initcheck engine (run in that order).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH GRAPHDECODE_REQUIRE_GPU=1
 OUT=${OUT:-/tmp/out}
@@ -26,10 +26,6 @@ if [[ $stages == *" bench "* ]]; then
   timeout 200 b/bench/bench_sampling --json "$OUT/bench_sampling.json" > "$OUT/bench.txt" 2>&1
   echo "bench rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/bench.txt"
 fi
-if [[ $stages == *" engine "* ]]; then
-  timeout 120 b/tests/engine/test_engine_gpu --gtest_brief=1 > "$OUT/engine.log" 2>&1
-  echo "engine rc=$? $(( $(date +%s) - t0 )) s"; grep -E "FAILED|PASSED" "$OUT/engine.log" | head
-fi
 if [[ $stages == *" ncu "* ]]; then
   for c in "64 flat p0.95" "256 flat T0.8" "1 flat p0.95"; do
     echo "=== ncu: $c" >> "$OUT/ncu.log"
@@ -47,3 +43,7 @@ for tool in memcheck racecheck initcheck; do
     --error-exitcode 99 $T --gtest_brief=1 > "$OUT/$tool.log" 2>&1
   echo "$tool rc=$? $(( $(date +%s) - t0 )) s"; grep -E "ERROR SUMMARY|FAILED|PASSED" "$OUT/$tool.log" | head -5
 done
+if [[ $stages == *" engine "* ]]; then
+  timeout 120 b/tests/engine/test_engine_gpu --gtest_brief=1 > "$OUT/engine.log" 2>&1
+  echo "engine rc=$? $(( $(date +%s) - t0 )) s"; grep -E "FAILED|PASSED" "$OUT/engine.log" | head
+fi
