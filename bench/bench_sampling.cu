@@ -234,13 +234,17 @@ void bench_batch(int batch, int dist, int reps, int legacy_reps, Flush& flush, c
 }
 
 void print(const std::vector<Result>& rs) {
-  std::printf("\n%5s %-7s %-8s %-10s %10s %10s %9s %8s %10s %7s\n", "B", "logits", "L2", "case",
-              "new us", "legacy us", "extra us", "speedup", "fast/smp", "=legacy");
-  for (const Result& r : rs)
-    std::printf("%5d %-7s %-8s %-10s %10.1f %10.1f %9.1f %7.1fx %5d/%-4d %4d/%-4d\n", r.batch,
+  std::printf("\n%5s %-7s %-8s %-10s %9s %10s %9s %8s %10s %9s  %s\n", "B", "logits", "L2", "case",
+              "new us", "legacy us", "extra us", "speedup", "fast/smp", "=legacy",
+              "scan/filter/resolve us (warm)");
+  for (const Result& r : rs) {
+    std::printf("%5d %-7s %-8s %-10s %9.1f %10.1f %9.1f %7.1fx %5d/%-4d %4d/%-4d", r.batch,
                 kDistNames[r.dist], r.flushed ? "flushed" : "warm", kConfigNames[r.config],
                 r.new_us, r.legacy_us, r.extra_us, r.legacy_us / r.new_us, r.fast_rows,
                 r.sampled_rows, r.agree, r.batch);
+    if (!r.flushed) std::printf("  %6.1f/%6.1f/%6.1f", r.scan_us, r.filter_us, r.resolve_us);
+    std::printf("\n");
+  }
 }
 
 void write_json(const std::string& path, const cudaDeviceProp& prop, int reps, int legacy_reps,

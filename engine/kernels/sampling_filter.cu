@@ -17,8 +17,8 @@ struct FilterShared {
 
 // One (row, chunk) item of a sampled row in fast mode.
 template <typename T, int kU>
-__device__ void filter_item(const Launch& L, int r, int c, RowState& st, const FilterShared& sh,
-                            u64* red) {
+__device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
+                            const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
   const SamplingArgs& a = L.a;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -29,9 +29,9 @@ __device__ void filter_item(const Launch& L, int r, int c, RowState& st, const F
 #pragma unroll
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
-  const RowParams rp = row_params(a, r);
-  const float top = st.top;
-  const int bk = st.bk, lo = st.lo, hi = st.hi;
+  RowState& st = L.ws.state(r);
+  const float top = plan.top;
+  const int bk = plan.bk, lo = plan.lo, hi = plan.hi;
   const std::uint64_t seed = a.seed[r], step = a.step[r];
   u64* cand = L.ws.cand(r);
   u64 s_hi = 0, s_mid = 0;
@@ -115,9 +115,11 @@ __global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int lin = items - 1 - item;
     const int r = lin / L.chunks;
-    RowState& st = L.ws.state(r);
-    if (r >= live || st.mode != kModeFast) continue;  // uniform over the CTA
-    filter_item<T, kU>(L, r, lin - r * L.chunks, st, sh, sh.red);
+    if (r >= live) continue;
+    const RowParams rp = row_params(L.a, r);
+    const RowPlan plan = row_plan(L.ws, r, rp);
+    if (plan.mode != kModeFast) continue;  // uniform over the CTA
+    filter_item<T, kU>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
   }
 }
 

@@ -4,7 +4,7 @@
 // The passes, in stream order (each a kernel; the token never depends on how a row is chunked):
 //   scan    (sampling_scan.cu)    CTA per (row, chunk): argmax into one 64-bit atomicMax per CTA;
 //           for rows with top-k or top-p, a 12-bit histogram of the order keys (counts; for top-p
-//           also approximate masses relative to each bucket's maximum), merged into the row's
+//           also approximate masses relative to a per-CTA bucket reference), merged into the row's
 //           global histogram. The row's last CTA (arrival ticket) writes greedy tokens and, for
 //           sampled rows, the plan: the top-k bucket and the top-p bucket range [lo, hi].
 //   filter  (sampling_filter.cu)  CTA per (row, chunk), rows in reverse order (the rows the scan
@@ -94,8 +94,8 @@ struct alignas(128) RowState {
 
 struct RowHist {  // zero between calls; the plan clears it
   u32 count[kBuckets];
-  u32 maxkey[kBuckets];
-  double mass[kBuckets];  // sum of exp((l - bucket_top_value) / T)
+  u32 maxkey[kBuckets];   // largest key of the CTAs' bucket references (top-p)
+  double mass[kBuckets];  // sum of exp((l - bucket_top_value) / T) (top-p)
 };
 
 // One row's block of the workspace; the layout depends on vocab only, so a call with fewer rows
@@ -162,6 +162,45 @@ __device__ __forceinline__ RowParams row_params(const SamplingArgs& a, int r) {
   return p;
 }
 
+// ---- the row's plan
+// ------------------------------------------------------------------------------ Rows with top-k or
+// top-p get their plan from the scan's last CTA (RowState). Greedy and temperature-only rows have
+// no histogram and no ticket: their plan follows from the argmax, which the passes after the scan
+// read from RowState::argmax (resolve clears it).
+struct RowPlan {
+  std::int32_t mode;  // RowMode
+  float top;
+  std::int32_t greedy;
+  std::int32_t bk, lo, hi;
+  u32 above_k, below;
+};
+
+__device__ __forceinline__ bool has_plan(const RowParams& rp) {
+  return rp.k_on || rp.p_on;
+}
+
+// Whether a row is sampled: T > 0, a non-NaN max that is finite, a finite 1 / T (sampling.h).
+__device__ __forceinline__ bool samples(const RowParams& rp, u64 argmax, float top) {
+  return rp.sampled && argmax != 0 && isfinite(top) && isfinite(rp.inv_t);
+}
+
+__device__ __forceinline__ RowPlan row_plan(const Workspace& ws, int r, const RowParams& rp) {
+  const RowState& st = ws.state(r);
+  RowPlan p;
+  if (has_plan(rp)) {
+    p.mode = st.mode, p.top = st.top, p.greedy = st.greedy;
+    p.bk = st.bk, p.lo = st.lo, p.hi = st.hi, p.above_k = st.above_k, p.below = st.below;
+  } else {
+    const u64 am = __ldcg(&st.argmax);
+    p.greedy = am != 0 ? static_cast<std::int32_t>(packed_index(am)) : 0;
+    p.top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
+    p.mode = samples(rp, am, p.top) ? kModeFast : kModeDone;
+    p.bk = p.lo = p.hi = -1;  // every token is kept
+    p.above_k = p.below = 0;
+  }
+  return p;
+}
+
 // ---- chunk loads -------------------------------------------------------------------------------
 template <typename T>
 struct VecOf;
@@ -221,6 +260,15 @@ struct ScoreMax {
   u32 floor = 0;
 };
 
+// pack_max(score key, i) of token i's exact score, 0 for NaN. Not inlined: the bound test lets
+// few tokens get here, and one copy of the two logarithms instead of one per unrolled element
+// keeps the streaming loops in the instruction cache (ncu: 32% of the filter's stalls were
+// instruction fetch with it inlined).
+static __device__ __noinline__ u64 exact_score(float v, float top, float inv_t, u32 word, u32 i) {
+  const float s = score_of(v, top, inv_t, word);
+  return s == s ? pack_max(key_of(s), i) : 0ull;
+}
+
 // Offers token i (logit v, random word `word`) to the running max: skipped when it cannot reach
 // the top token (x < -kGumbelSpan) or when its bound is strictly below `floor`; else scored
 // exactly. Never changes the argmax, only how many scores are computed.
@@ -229,10 +277,9 @@ __device__ __forceinline__ void offer(ScoreMax& m, const float* table, float v, 
   const float x = scaled_logit(v, top, inv_t);
   if (!(x >= -kGumbelSpan)) return;
   if (key_of(x + table[word >> 24]) < m.floor) return;
-  const float s = score_of(v, top, inv_t, word);
-  if (!(s == s)) return;
-  const u32 k = key_of(s);
-  const u64 pk = pack_max(k, i);
+  const u64 pk = exact_score(v, top, inv_t, word, i);
+  if (pk == 0) return;
+  const u32 k = packed_key(pk);
   m.best = pk > m.best ? pk : m.best;
   m.floor = k > m.floor ? k : m.floor;
 }
@@ -278,17 +325,21 @@ __device__ __forceinline__ void warp_add(W* hist, u32 bin, W w) {
   }
 }
 
-// hist[bin] = max(hist[bin], v) for lanes with `on`, aggregated the same way.
-__device__ __forceinline__ void warp_max_bin(u32* hist, u32 bin, u32 v, bool on) {
-  const unsigned live = __ballot_sync(kFull, on);
+// a[bin] += wa and b[bin] += wb (u32), aggregated like warp_add.
+__device__ __forceinline__ void warp_add2(u32* a, u32* b, u32 bin, u32 wa, u32 wb) {
+  const unsigned live = __ballot_sync(kFull, wa != 0);
   if (live == 0) return;
   const int leader = __ffs(live) - 1;
   const u32 bin0 = __shfl_sync(kFull, bin, leader);
-  if (__all_sync(kFull, !on || bin == bin0)) {
-    const u32 m = __reduce_max_sync(kFull, on ? v : 0u);
-    if ((threadIdx.x & 31) == leader) atomicMax(&hist[bin0], m);
-  } else if (on) {
-    atomicMax(&hist[bin], v);
+  if (__all_sync(kFull, wa == 0 || bin == bin0)) {
+    const u32 sa = __reduce_add_sync(kFull, wa), sb = __reduce_add_sync(kFull, wb);
+    if ((threadIdx.x & 31) == leader) {
+      atomicAdd(&a[bin0], sa);
+      if (sb != 0) atomicAdd(&b[bin0], sb);
+    }
+  } else if (wa != 0) {
+    atomicAdd(&a[bin], wa);
+    if (wb != 0) atomicAdd(&b[bin], wb);
   }
 }
 

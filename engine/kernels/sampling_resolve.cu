@@ -137,15 +137,15 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
 
 // One sampled row (all threads).
 template <typename T>
-__device__ void resolve_row(const Launch& L, int r, int mode, u64* cs, ResolveShared& sh) {
+__device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const RowPlan& plan,
+                            u64* cs, ResolveShared& sh) {
   const SamplingArgs& a = L.a;
   RowState& st = L.ws.state(r);
   const int tid = threadIdx.x;
-  const RowParams rp = row_params(a, r);
-  const float top = st.top;
-  const int greedy = st.greedy;
-  __syncthreads();  // the previous row's readers of sh are done
-  if (tid == 0) {   // take the filter's accumulators and clear them for the next call
+  const int mode = plan.mode;
+  const float top = plan.top;
+  const int greedy = plan.greedy;
+  if (tid == 0) {  // take the filter's accumulators and clear them for the next call
     sh.n = st.cand_count, sh.s_hi = st.s_hi, sh.s_mid = st.s_mid, sh.best = st.best;
     st.cand_count = 0, st.s_hi = 0, st.s_mid = 0, st.best = 0;
   }
@@ -157,7 +157,7 @@ __device__ void resolve_row(const Launch& L, int r, int mode, u64* cs, ResolveSh
     const u64* cand = L.ws.cand(r);
     for (int i = tid; i < n; i += kResolveThreads) cs[i] = cand[i];
     __syncthreads();
-    const int bk = st.bk, lo = st.lo, hi = st.hi;
+    const int bk = plan.bk, lo = plan.lo, hi = plan.hi;
     auto key_at = [&](int i) { return static_cast<u32>(cs[i] >> 32); };
     auto in_range = [&](u32 key) {
       const int d = static_cast<int>(bucket_of(key));
@@ -165,7 +165,7 @@ __device__ void resolve_row(const Launch& L, int r, int mode, u64* cs, ResolveSh
     };
     u32 thr_k = 0;
     if (rp.k_on) {  // the (k - above_k)-th largest key of bucket bk
-      const u64 want = static_cast<u64>(rp.top_k) - st.above_k;
+      const u64 want = static_cast<u64>(rp.top_k) - plan.above_k;
       thr_k = block_select<u32>(
           n, key_at, [&](int, u32 key) { return static_cast<int>(bucket_of(key)) == bk ? 1u : 0u; },
           [&](u64) { return want; }, sh.hist32, sh, bk >> 4);
@@ -186,7 +186,7 @@ __device__ void resolve_row(const Launch& L, int r, int mode, u64* cs, ResolveSh
       const u64 rem = top_p_target(rp.top_p, sh.s_hi + sh.s_mid + z);
       // Exact check of the plan: the top candidate is kept (so is everything above the range),
       // and nothing below the range is (all of it has >= rem of mass above it).
-      ok = sh.s_hi < rem && (st.below == 0 || sh.s_hi + w >= rem);
+      ok = sh.s_hi < rem && (plan.below == 0 || sh.s_hi + w >= rem);
       if (ok) {
         const u64 rem_in = rem - sh.s_hi;
         thr = block_select<u64>(
@@ -236,9 +236,19 @@ __global__ void __launch_bounds__(kResolveThreads)
   pdl_launch_dependents();
   const int live = *L.a.num_rows;
   for (int r = blockIdx.x; r < live && r < L.a.max_rows; r += gridDim.x) {
-    const int mode = L.ws.state(r).mode;
-    if (mode == kModeDone) continue;  // greedy: the scan wrote the token
-    resolve_row<T>(L, r, mode, cs, sh);
+    const RowParams rp = row_params(L.a, r);
+    __syncthreads();  // the previous row's readers of sh and of the row state are done
+    const RowPlan plan = row_plan(L.ws, r, rp);
+    __syncthreads();  // every thread has its plan (read from the argmax when the row has none)
+    if (threadIdx.x == 0 && !has_plan(rp)) L.ws.state(r).argmax = 0;  // for the next call
+    if (plan.mode == kModeDone) {
+      if (threadIdx.x == 0) {
+        L.a.tokens[r] = plan.greedy;
+        if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
+      }
+      continue;
+    }
+    resolve_row<T>(L, r, rp, plan, cs, sh);
   }
 }
 

@@ -16,8 +16,8 @@ constexpr int kPerThread = kBuckets / kScanThreads;  // buckets each thread owns
 constexpr int kScanMinBlocks = 3;
 
 struct ScanShared {
-  u32 a[kBuckets];  // counts, then approximate masses
-  u32 b[kBuckets];  // largest key per bucket
+  u32 a[kBuckets];  // counts
+  u32 b[kBuckets];  // approximate masses (fixed point, kApproxFracBits)
   u64 red64[kScanThreads / 32];
   double redd[kScanThreads / 32];
   u32 red32[kScanThreads / 32];
@@ -28,16 +28,17 @@ struct ScanShared {
 };
 
 // The plan of row r, by the row's last scan CTA (all threads). Thread t owns buckets
-// [16t, 16t + 16): a larger t holds larger keys.
-__device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShared& sh) {
+// [16t, 16t + 16): a larger t holds larger keys. Not inlined: it runs once per row, and apart it
+// keeps the streaming body's registers (no spills) and instruction footprint small.
+__device__ __noinline__ void make_plan(const Launch& L, int r, const RowParams& rp,
+                                       ScanShared& sh) {
   RowState& st = L.ws.state(r);
   RowHist& h = L.ws.hist(r);
   const int tid = threadIdx.x;
   const u64 am = __ldcg(&st.argmax);
   const int greedy = am != 0 ? static_cast<int>(packed_index(am)) : 0;
   const float top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
-  const bool hist = rp.k_on || rp.p_on;
-  const bool sample_it = rp.sampled && am != 0 && isfinite(top) && isfinite(rp.inv_t);
+  const bool sample_it = samples(rp, am, top);
 
   // For top-p, each bucket's approximate mass A (units: the top token's mass = 1) becomes a bound
   // pair in shared memory (the histogram bins are free now): lower = A - E, upper = A + E, E the
@@ -46,7 +47,8 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
   float* lower = reinterpret_cast<float*>(sh.a);
   float* upper = reinterpret_cast<float*>(sh.b);
   if (rp.p_on) {
-    for (int b = tid; b < kBuckets; b += kScanThreads) {
+#pragma unroll 4
+    for (int b = tid; b < kBuckets; b += kScanThreads) {  // 4 buckets' loads in flight
       const u32 n = __ldcg(&h.count[b]);
       const double dm = __ldcg(&h.mass[b]);
       const u32 mk = __ldcg(&h.maxkey[b]);
@@ -57,7 +59,7 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
         // A = sum exp((l - top) / T) = mass * exp((bucket top - top) / T), in logs: no overflow.
         if (dm > 0.0)
           A = expf(logf(static_cast<float>(dm)) + (bucket_top_value(b) - top) * rp.inv_t);
-        // Rounding to 2^-18 loses <= 2^-19 of the CTA's bucket maximum per logit.
+        // Rounding to 2^-18 loses <= 2^-19 of a CTA's bucket reference (<= mk) per logit.
         E = static_cast<float>(n) * 0x1p-19f * expf((key_to_float(mk) - top) * rp.inv_t) +
             static_cast<float>(kApproxSlack) * A;
         if (!(A < INFINITY) || !(E < INFINITY)) A = 0.f, E = INFINITY;
@@ -71,12 +73,10 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
   u32 cnt[kPerThread];
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) cnt[j] = 0;
-  if (hist) {
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      cnt[j] = __ldcg(&h.count[b0 + j]);
-      h.count[b0 + j] = 0;
-    }
+  for (int j = 0; j < kPerThread; ++j) {
+    cnt[j] = __ldcg(&h.count[b0 + j]);
+    h.count[b0 + j] = 0;
   }
   if (tid == 0) {
     sh.bk = -1;
@@ -87,19 +87,8 @@ __device__ void make_plan(const Launch& L, int r, const RowParams& rp, ScanShare
     st.argmax = 0;
     st.ticket = 0;
   }
-  if (!sample_it) {
-    if (tid == 0) {
-      L.a.tokens[r] = greedy;
-      if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
-      st.mode = kModeDone;
-    }
-    return;
-  }
-  if (!hist) {  // temperature only: every token is kept
-    if (tid == 0) {
-      st.top = top, st.greedy = greedy, st.mode = kModeFast;
-      st.bk = -1, st.lo = -1, st.hi = -1, st.above_k = 0, st.below = 0;
-    }
+  if (!sample_it) {  // a non-finite max or 1 / T: the argmax (resolve writes it)
+    if (tid == 0) st.top = top, st.greedy = greedy, st.mode = kModeDone;
     return;
   }
 
@@ -191,22 +180,21 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   __shared__ ScanShared sh;
   const int tid = threadIdx.x;
   const RowParams rp = row_params(a, r);
-  const bool hist = rp.k_on || rp.p_on;
+  const bool hist = has_plan(rp);
   pdl_launch_dependents();  // launched plainly: the filter's CTAs may become resident now
-  if (hist)
-    for (int b = tid; b < kBuckets; b += kScanThreads) {
-      sh.a[b] = 0;
-      if (rp.p_on) sh.b[b] = 0;
-    }
-
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
   const int base = c * L.chunk;
-  float v[kU][W];
+  float v[kU][W] = {};
 #pragma unroll
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
   auto index = [&](int j, int e) { return base + (j * kScanThreads + tid) * W + e; };
+  if (hist)  // cleared while the loads are in flight
+    for (int b = tid; b < kBuckets; b += kScanThreads) {
+      sh.a[b] = 0;
+      if (rp.p_on) sh.b[b] = 0;
+    }
 
   u64 best = 0;
 #pragma unroll
@@ -219,57 +207,57 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
         best = pk > best ? pk : best;
       }
     }
+  RowState& st = L.ws.state(r);
+  if (!hist) {  // greedy or temperature only: one atomic per warp, no barrier, no ticket
+    best = warp_max(best);
+    if ((tid & 31) == 0 && best != 0) atomicMax(&st.argmax, best);
+    return;
+  }
+  best = block_max<kScanThreads>(best, sh.red64);  // also orders the histogram clear
 
-  if (hist) {
-    __syncthreads();  // histogram cleared
-#pragma unroll
-    for (int j = 0; j < kU; ++j)
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const bool ok = index(j, e) < vocab;
-        const u32 key = key_of(v[j][e]);
-        const u32 d = bucket_of(key);
-        warp_add<u32>(sh.a, d, ok ? 1u : 0u);
-        if (rp.p_on) warp_max_bin(sh.b, d, key, ok);
-      }
-    __syncthreads();
+  {
     RowHist& h = L.ws.hist(r);
-    for (int b = tid; b < kBuckets; b += kScanThreads) {
-      const u32 n = sh.a[b];
-      if (n != 0) {
-        atomicAdd(&h.count[b], n);
-        if (rp.p_on) atomicMax(&h.maxkey[b], sh.b[b]);
-      }
-      sh.a[b] = 0;  // this thread's bins become mass sums
-    }
-    if (rp.p_on) {
-      __syncthreads();
+    if (!rp.p_on) {
+#pragma unroll
+      for (int j = 0; j < kU; ++j)
+#pragma unroll
+        for (int e = 0; e < W; ++e)
+          warp_add<u32>(sh.a, bucket_of(key_of(v[j][e])), index(j, e) < vocab ? 1u : 0u);
+    } else {
+      // Approximate masses relative to a per-CTA bucket reference: min(bucket top value, chunk
+      // max), >= every logit of the bucket here, so each term is in (0, 1], and equal to the
+      // chunk's max in its bucket (the mass that dominates Z at low temperature keeps its
+      // precision).
+      const float chunk_max = best != 0 ? key_to_float(packed_key(best)) : -INFINITY;
 #pragma unroll
       for (int j = 0; j < kU; ++j)
 #pragma unroll
         for (int e = 0; e < W; ++e) {
           const bool ok = index(j, e) < vocab;
           const u32 d = bucket_of(key_of(v[j][e]));
-          // Relative to the CTA's bucket maximum: in (0, 1], fine resolution for every bucket.
-          const float m = expf((v[j][e] - key_to_float(sh.b[d])) * rp.inv_t);
+          const float ref = fminf(bucket_top_value(d), chunk_max);
+          const float m = expf((v[j][e] - ref) * rp.inv_t);
           const u32 q = ok && m > 0.f ? __float2uint_rn(m * (1 << kApproxFracBits)) : 0u;
-          warp_add<u32>(sh.a, d, q);
+          warp_add2(sh.a, sh.b, d, ok ? 1u : 0u, q);
         }
-      __syncthreads();
-      for (int b = tid; b < kBuckets; b += kScanThreads) {
-        const u32 q = sh.a[b];
-        if (q != 0) {
-          const double shift = (static_cast<double>(key_to_float(sh.b[b])) -
-                                static_cast<double>(bucket_top_value(b))) *
-                               static_cast<double>(rp.inv_t);
-          atomicAdd(&h.mass[b], q * 0x1p-18 * exp(shift));
-        }
+    }
+    __syncthreads();
+    for (int b = tid; b < kBuckets; b += kScanThreads) {
+      const u32 n = sh.a[b];
+      if (n == 0) continue;
+      atomicAdd(&h.count[b], n);
+      if (!rp.p_on) continue;
+      const float ref = fminf(bucket_top_value(b), key_to_float(packed_key(best)));
+      atomicMax(&h.maxkey[b], key_of(ref));
+      const u32 q = sh.b[b];
+      if (q != 0) {
+        const double shift = (static_cast<double>(ref) - static_cast<double>(bucket_top_value(b))) *
+                             static_cast<double>(rp.inv_t);
+        atomicAdd(&h.mass[b], q * 0x1p-18 * exp(shift));
       }
     }
   }
 
-  best = block_max<kScanThreads>(best, sh.red64);
-  RowState& st = L.ws.state(r);
   if (tid == 0 && best != 0) atomicMax(&st.argmax, best);
   // Last-CTA detection: every CTA's global atomics are ordered before its ticket.
   __threadfence();
