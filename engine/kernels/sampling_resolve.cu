@@ -153,7 +153,9 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
   const int n = static_cast<int>(sh.n);
   SamplingPath path = SamplingPath::kFast;
   int token = greedy;
-  if (mode == kModeFast && sh.n <= static_cast<u32>(L.ws.cap)) {
+  // The plan's candidate count can undercount (the top-k histogram skips logits below its
+  // bound), so the list's real length decides.
+  if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
     const u64* cand = L.ws.cand(r);
     for (int i = tid; i < n; i += kResolveThreads) cs[i] = cand[i];
     __syncthreads();

@@ -76,8 +76,8 @@ void fill_row(Rng& rng, float* row, int vocab, Shape s) {
   }
 }
 
-// A parameter mix: greedy, temperature only, top-k (1, 5, 50, vocab - 1), top-p (one token ..
-// nearly all), both.
+// A parameter mix: greedy, temperature only, top-k (1, 5, 50, 256, 257, vocab - 1), top-p (one
+// token .. nearly all), both.
 std::vector<Params> param_mix(int vocab) {
   return {{0.f, 0, 1.f},
           {0.8f, 0, 1.f},
@@ -93,7 +93,9 @@ std::vector<Params> param_mix(int vocab) {
           {0.8f, 50, 0.95f},
           {0.7f, vocab - 1, 0.9999f},
           {-1.f, 50, 0.9f},
-          {0.3f, 200, 0.8f}};
+          {0.3f, 200, 0.8f},
+          {1.f, 256, 0.9f},  // the largest k whose scan histogram is bounded
+          {0.9f, 257, 1.f}};
 }
 
 struct Stats {
