@@ -26,14 +26,15 @@
 //
 // How (sampling_kernels.cuh has the details): each row is cut into chunks of 2048 or 8192 logits,
 // one CTA each. A scan pass takes the argmax and, for rows with top-k or top-p, a 12-bit radix
-// histogram of the order keys (counts, and approximate masses relative to each bucket's maximum);
-// the row's last CTA turns the histogram into a plan: the bucket holding the k-th key and a range
-// of buckets that must hold the top-p threshold. A filter pass then scores every token above that
-// range (Gumbel-max, merged with one 64-bit atomicMax per CTA), sums the exact masses the top-p
-// total needs, and compacts the tokens of the boundary buckets into a per-row candidate list. A
-// resolve pass (one CTA per row) finds the exact thresholds among the candidates, checks with exact
-// integers that the plan's range held them, and draws. A row whose candidates overflow the list, or
-// whose check fails, is decided exactly over its whole row by the resolve CTA (slow, same result).
+// histogram of the order keys (counts, and approximate masses with error bounds); the row's last
+// CTA turns the histogram into a plan: the bucket holding the k-th key and a range of buckets
+// that must hold the top-p threshold. A filter pass then scores every token above that range
+// (Gumbel-max, merged with one 64-bit atomicMax per CTA), sums the exact masses the top-p total
+// needs, and compacts the tokens of the boundary buckets into a per-row candidate list. A resolve
+// pass (one CTA per row at a time) finds the exact thresholds among the candidates, checks with
+// exact integers that the plan's range held them, and draws. A row whose candidates overflow the
+// list, or whose check fails, is decided exactly over its whole row by the resolve CTA (slow,
+// same result).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -2,19 +2,22 @@
 // workspace layout, the launch parameters, chunk loads and the warp / block primitives.
 //
 // The passes, in stream order (each a kernel; the token never depends on how a row is chunked):
-//   scan    (sampling_scan.cu)    CTA per (row, chunk): argmax into one 64-bit atomicMax per CTA;
+//   scan    (sampling_scan.cu)    CTA per (row, chunk): argmax into the row's 64-bit atomicMax
+//           (greedy and temperature-only rows stop there: their plan follows from the argmax);
 //           for rows with top-k or top-p, a 12-bit histogram of the order keys (counts; for top-p
 //           also approximate masses relative to a per-CTA bucket reference), merged into the row's
-//           global histogram. The row's last CTA (arrival ticket) writes greedy tokens and, for
-//           sampled rows, the plan: the top-k bucket and the top-p bucket range [lo, hi].
-//   filter  (sampling_filter.cu)  CTA per (row, chunk), rows in reverse order (the rows the scan
-//           read last are still in L2): tokens in buckets above hi are kept for sure: scored,
+//           global histogram. The row's last CTA (arrival ticket) writes the plan: the top-k
+//           bucket and the top-p bucket range [lo, hi].
+//   filter  (sampling_filter.cu)  a persistent grid over the (row, chunk) items, rows in reverse
+//           order (the rows the scan read last are still in L2): tokens in buckets above hi are
+//           kept for sure: scored,
 //           their exact masses summed; tokens of the top-k bucket and of [lo, hi] are appended
 //           to the row's candidate list; tokens between the top-k bucket and lo add their exact
 //           mass to the top-p total.
-//   resolve (sampling_resolve.cu) CTA per row: the exact thresholds among the candidates, an
-//           exact integer check that [lo, hi] held the top-p threshold, the best candidate score,
-//           the token. Otherwise (overflow, failed check) the exact whole-row algorithm.
+//   resolve (sampling_resolve.cu) CTAs looping over rows: the exact thresholds among the
+//           candidates, an exact integer check that [lo, hi] held the top-p threshold, the best
+//           candidate score, the token (every live row's, greedy ones too). Otherwise (overflow,
+//           failed check) the exact whole-row algorithm.
 // Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
 // resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
 // resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before
