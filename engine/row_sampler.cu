@@ -59,6 +59,8 @@ RowSampler::RowSampler(std::int32_t max_rows, std::int32_t vocab, cudaStream_t s
   seed_ = DeviceBuffer<std::uint64_t>(b);
   rng_step_ = DeviceBuffer<std::uint64_t>(b);
   top_k_.fill_bytes(0, stream);
+  workspace_ = DeviceBuffer<std::uint8_t>(sampling_workspace_bytes(max_rows, vocab));
+  workspace_.fill_bytes(0, stream);  // every call leaves it zeroed again
 }
 
 void RowSampler::enqueue(const StepMetaView& meta, const std::int32_t* aux, const float* logits,
@@ -89,6 +91,8 @@ void RowSampler::enqueue(const StepMetaView& meta, const std::int32_t* aux, cons
   a.num_rows = meta.scalars + StepMetaLayout::kNumLogitRows;
   a.max_rows = rows;
   a.vocab = vocab_;
+  a.workspace = workspace_.data();
+  a.workspace_bytes = workspace_.bytes();
   sample(a, stream);
 }
 

@@ -59,6 +59,7 @@ class RowSampler {
   DeviceBuffer<float> temperature_, top_p_;      // [max_rows]
   DeviceBuffer<std::int32_t> top_k_;             // [max_rows]
   DeviceBuffer<std::uint64_t> seed_, rng_step_;  // [max_rows]
+  DeviceBuffer<std::uint8_t> workspace_;         // sample()'s workspace, zeroed once
 };
 
 }  // namespace graphdecode

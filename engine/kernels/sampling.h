@@ -1,6 +1,6 @@
 // Device sampling: one request per row of logits, per-row parameters in device arrays, the token
-// written to a device int array. Graph-safe (live rows read from device, grid of max_rows blocks,
-// no allocation, no host sync).
+// written to a device int array. Graph-safe (live rows read from device, grids sized for max_rows,
+// no allocation, no host sync, no device-to-host reads).
 //
 // Per row r, with l = logits[r], T = temperature[r]:
 //   T <= 0 (or NaN): greedy, the argmax of l, lowest index on ties.
@@ -13,22 +13,46 @@
 //       p >= 1 or NaN: off.
 //     draw from softmax(l / T) renormalized over the kept set, by the Gumbel-max trick:
 //       token = argmax_i (l_i - max l) / T + G_i, G_i = -log(-log1p(-u_i)) from Philox4x32-10 with
-//       key = seed[r] and counter = (i / 4, 0, step[r]) (philox.h); u_i in (0, 1).
+//       key = seed[r] and counter = (i / 4, 0, step[r]) (philox.h); u_i in (0, 1); lowest index on
+//       ties.
 //   The token depends only on the row's logits, parameters, seed and step: not on the row's
-//   position in the batch nor on other rows. Thresholds are exact: found by radix select over the
-//   float order keys (counts for top-k, fixed-point probability masses with 2^-40 resolution for
-//   top-p, summed in integers, so the result is deterministic).
+//   position in the batch, other rows, the grid or timing. Thresholds are exact: masses are
+//   fixed-point integers, mass_i = floor(exp((l_i - max l) / T) * 2^40), summed in integers, and
+//   top-p keeps token i when the integer mass of strictly larger logits is < ceil(p * Z) (clamped
+//   to [1, Z]), Z = the integer mass of the top-k set (sampling_math.h holds these definitions).
+//   A row whose max logit is +-inf, or whose 1 / T overflows, takes its argmax.
 // NaN logits are unsupported (NaN orders above +inf). The host validates parameters when a request
 // is submitted; the kernel only needs them to be defined as above.
+//
+// How (sampling_kernels.cuh has the details): each row is cut into chunks of 2048 or 8192 logits,
+// one CTA each. A scan pass takes the argmax and, for rows with top-k or top-p, a 12-bit radix
+// histogram of the order keys (counts, and approximate masses with error bounds); the row's last
+// CTA turns the histogram into a plan: the bucket holding the k-th key and a range of buckets
+// that must hold the top-p threshold. A filter pass then scores every token above that range
+// (Gumbel-max, merged with one 64-bit atomicMax per CTA), sums the exact masses the top-p total
+// needs, and compacts the tokens of the boundary buckets into a per-row candidate list. A resolve
+// pass (one CTA per row at a time) finds the exact thresholds among the candidates, checks with
+// exact integers that the plan's range held them, and draws. A row whose candidates overflow the
+// list, or whose check fails, is decided exactly over its whole row by the resolve CTA (slow,
+// same result).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace graphdecode {
 
 enum class LogitsType : std::uint8_t { kFloat32 = 0, kBF16 = 1 };
+
+// How a live row's token was decided (SamplingArgs::path, diagnostics for tests and benchmarks).
+enum class SamplingPath : std::int32_t {
+  kGreedy = 0,         // greedy row (or a sampled row whose max logit or 1 / T is not finite)
+  kFast = 1,           // the plan's candidates decided it
+  kExactOverflow = 2,  // too many candidates for the list: decided over the whole row
+  kExactCheck = 3,     // the plan's range missed the top-p threshold: decided over the whole row
+};
 
 struct SamplingArgs {
   const void* logits = nullptr;  // [max_rows][row_stride] float or bf16 bits (logits_type)
@@ -38,14 +62,26 @@ struct SamplingArgs {
   const float* top_p = nullptr;            // [max_rows] 1 = off, in (0, 1]
   const std::uint64_t* seed = nullptr;     // [max_rows] per request
   const std::uint64_t* step = nullptr;     // [max_rows] per request decode step (the RNG counter)
-  std::int32_t* tokens = nullptr;          // [max_rows] out
+  std::int32_t* tokens = nullptr;          // [max_rows] out; rows >= num_rows are not written
   const std::int32_t* num_rows = nullptr;  // [1] live rows
   std::int32_t max_rows = 0;
   std::int32_t vocab = 0;       // at most kMaxSamplingVocab
   std::int64_t row_stride = 0;  // elements between rows of logits; 0 = vocab
+  // Device scratch of at least sampling_workspace_bytes(max_rows, vocab) bytes, 16-byte aligned,
+  // zero-filled once before its first call (every call leaves it zeroed again). One workspace
+  // serves one vocab and one stream at a time; a call may use fewer rows than it was sized for.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  std::int32_t* path = nullptr;      // optional [max_rows] out: SamplingPath of each live row
+  std::int32_t candidate_limit = 0;  // 0 = the workspace's capacity; tests lower it to force the
+                                     // exact whole-row path
 };
 
 constexpr std::int32_t kMaxSamplingVocab = 1 << 22;
+
+// Bytes of device workspace sample() needs for up to max_rows rows of `vocab` logits (the query
+// half of a two-phase API: allocate once at start-up, pass it in every call).
+std::size_t sampling_workspace_bytes(std::int32_t max_rows, std::int32_t vocab);
 
 void sample(const SamplingArgs& args, cudaStream_t stream);
 

@@ -83,8 +83,7 @@ void NgramProposer::record(const StepMetaView& meta, std::int32_t token_capacity
   GD_CHECK_LAUNCH();
 }
 
-void NgramProposer::prefill(const StepMetaView& meta, const StepShape& shape,
-                            cudaStream_t stream) {
+void NgramProposer::prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) {
   record(meta, std::max(1, shape.token_capacity), stream);
 }
 
@@ -93,8 +92,8 @@ void NgramProposer::propose(const SpecPrep& spec, const StepShape& shape, std::i
   const StepMetaView& x = spec.prep().device();  // the committed tokens, ending at P
   record(x, std::max(1, shape.token_capacity), stream);
   if (k == 0) return;
-  ProposeParams p{x, spec.verify(), history_.data(), max_len_, k, config_.max_ngram,
-                  config_.min_ngram};
+  ProposeParams p{x, spec.verify(),     history_.data(),  max_len_,
+                  k, config_.max_ngram, config_.min_ngram};
   ngram_kernel<<<static_cast<unsigned>(std::clamp(shape.bucket, 1, max_batch_)), kThreads, 0,
                  stream>>>(p);
   GD_CHECK_LAUNCH();

@@ -98,7 +98,8 @@ int run_speculative(const HostWeights& target, const HostWeights* draft,
     RequestSpec s;
     s.prompt = prompts[r];
     s.max_new_tokens = new_tokens;
-    engine.submit(std::move(s), [&tokens, r](const TokenEvent& e) { tokens[r].push_back(e.token); });
+    engine.submit(std::move(s),
+                  [&tokens, r](const TokenEvent& e) { tokens[r].push_back(e.token); });
   }
   engine.run_until_idle();
   const EngineStats st = engine.stats();
@@ -165,8 +166,8 @@ int main(int argc, char** argv) {
     if (!draft_dir.empty() || lookup) {
       if (!draft_dir.empty() && lookup) return usage();
       const HostWeights draft = draft_dir.empty() ? HostWeights{} : load_checkpoint(draft_dir);
-      return run_speculative(weights, draft_dir.empty() ? nullptr : &draft, prompts,
-                             opt.new_tokens, k, opt.use_graphs, out);
+      return run_speculative(weights, draft_dir.empty() ? nullptr : &draft, prompts, opt.new_tokens,
+                             k, opt.use_graphs, out);
     }
     Stream stream;
     std::ofstream logits_out(out + ".f32", std::ios::binary);
@@ -182,8 +183,7 @@ int main(int argc, char** argv) {
     js << "{\"steps\": " << opt.new_tokens << ", \"batch\": " << prompts.size()
        << ", \"vocab\": " << weights.config.vocab_size
        << ", \"graphs\": " << (opt.use_graphs ? "true" : "false")
-       << ", \"graph_steps\": " << r.graph_steps << ", \"eager_steps\": " << r.eager_steps
-       << ", ";
+       << ", \"graph_steps\": " << r.graph_steps << ", \"eager_steps\": " << r.eager_steps << ", ";
     write_tokens(js, r.tokens);
     js << "}\n";
     std::cout << "model_parity: " << prompts.size() << " prompts, " << opt.new_tokens

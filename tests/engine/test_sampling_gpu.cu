@@ -11,126 +11,18 @@
 #include <random>
 #include <vector>
 
-#include "attention/reference.h"
-#include "attention_check.h"
-#include "common/buffers.h"
 #include "common/stream.h"
 #include "engine/kernels/sampling.h"
 #include "graphs/cuda_graph.h"
+#include "sampling_batch.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
 namespace {
 
 using namespace graphdecode::testing;
-using reference::bf16_to_float;
-using reference::float_to_bf16;
 
 class Sampling : public GpuTest {};
-
-constexpr std::int32_t kPoisonToken = -7;
-
-struct Params {
-  float temperature = 0.f;
-  std::int32_t top_k = 0;
-  float top_p = 1.f;
-  std::uint64_t seed = 0, step = 0;
-};
-
-// A batch on the device: logits [max_rows][vocab] (fp32, or bf16 rounded from the same values,
-// the host copy then holds the rounded values), per-row parameters, tokens poisoned before a run.
-struct Batch {
-  int max_rows, vocab;
-  LogitsType type;
-  std::vector<float> logits;  // the values the kernel sees
-  std::vector<Params> params;
-  DeviceBuffer<float> d_logits_f, d_temp, d_top_p;
-  DeviceBuffer<std::uint16_t> d_logits_b;
-  DeviceBuffer<std::int32_t> d_top_k, d_tokens, d_rows;
-  DeviceBuffer<std::uint64_t> d_seed, d_step;
-
-  Batch(int rows, int v, LogitsType t)
-      : max_rows(rows),
-        vocab(v),
-        type(t),
-        logits(static_cast<std::size_t>(rows) * v),
-        params(rows),
-        d_temp(rows),
-        d_top_p(rows),
-        d_top_k(rows),
-        d_tokens(rows),
-        d_rows(1),
-        d_seed(rows),
-        d_step(rows) {
-    if (t == LogitsType::kFloat32)
-      d_logits_f = DeviceBuffer<float>(logits.size());
-    else
-      d_logits_b = DeviceBuffer<std::uint16_t>(logits.size());
-  }
-  float* row(int r) { return logits.data() + static_cast<std::size_t>(r) * vocab; }
-  SamplingArgs args() {
-    SamplingArgs a;
-    a.logits = type == LogitsType::kFloat32 ? static_cast<const void*>(d_logits_f.data())
-                                            : static_cast<const void*>(d_logits_b.data());
-    a.logits_type = type;
-    a.temperature = d_temp.data();
-    a.top_k = d_top_k.data();
-    a.top_p = d_top_p.data();
-    a.seed = d_seed.data();
-    a.step = d_step.data();
-    a.tokens = d_tokens.data();
-    a.num_rows = d_rows.data();
-    a.max_rows = max_rows;
-    a.vocab = vocab;
-    return a;
-  }
-  // Uploads everything (bf16: rounds the host logits in place first), poisons the tokens.
-  void upload(int live, cudaStream_t s) {
-    if (type == LogitsType::kBF16) {
-      std::vector<std::uint16_t> b(logits.size());
-      for (std::size_t i = 0; i < b.size(); ++i) {
-        b[i] = float_to_bf16(logits[i]);
-        logits[i] = bf16_to_float(b[i]);
-      }
-      d_logits_b.upload(b.data(), b.size(), s);
-      GD_CUDA(cudaStreamSynchronize(s));
-    } else {
-      d_logits_f.upload(logits.data(), logits.size(), s);
-    }
-    upload_params(live, s);
-  }
-  void upload_params(int live, cudaStream_t s) {
-    std::vector<float> t(max_rows), p(max_rows);
-    std::vector<std::int32_t> k(max_rows), poison(max_rows, kPoisonToken);
-    std::vector<std::uint64_t> seed(max_rows), step(max_rows);
-    for (int r = 0; r < max_rows; ++r) {
-      t[r] = params[r].temperature;
-      p[r] = params[r].top_p;
-      k[r] = params[r].top_k;
-      seed[r] = params[r].seed;
-      step[r] = params[r].step;
-    }
-    d_temp.upload(t.data(), max_rows, s);
-    d_top_p.upload(p.data(), max_rows, s);
-    d_top_k.upload(k.data(), max_rows, s);
-    d_seed.upload(seed.data(), max_rows, s);
-    d_step.upload(step.data(), max_rows, s);
-    d_tokens.upload(poison.data(), max_rows, s);
-    d_rows.upload(&live, 1, s);
-    GD_CUDA(cudaStreamSynchronize(s));
-  }
-  std::vector<std::int32_t> tokens(cudaStream_t s) {
-    std::vector<std::int32_t> t(max_rows);
-    d_tokens.download(t.data(), max_rows, s);
-    GD_CUDA(cudaStreamSynchronize(s));
-    return t;
-  }
-};
-
-void random_logits(Rng& rng, float* row, int vocab, float spread) {
-  std::normal_distribution<float> n(0.f, spread);
-  for (int i = 0; i < vocab; ++i) row[i] = n(rng);
-}
 
 // CPU allowed set: 1 = inside, 0 = outside, 2 = within 1e-4 of the top-p boundary (either is fine).
 std::vector<int> allowed_set(const float* l, int vocab, const Params& p) {

@@ -1,0 +1,160 @@
+// Sampling pass 2 (sampling_kernels.cuh): with the row's plan, score the sure-kept tokens, sum the
+// exact masses top-p needs, and compact the boundary buckets' tokens into the candidate list.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "engine/kernels/sampling_kernels.cuh"
+
+namespace graphdecode::sampling {
+namespace {
+
+struct FilterShared {
+  float table[kGumbelTableSize];
+  u64 red[kScanThreads / 32];
+};
+
+// One (row, chunk) item of a sampled row in fast mode.
+template <typename T, int kU>
+__device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
+                            const FilterShared& sh, u64* red) {
+  constexpr int W = VecOf<T>::kWidth;
+  const SamplingArgs& a = L.a;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const int vocab = a.vocab;
+  const int base = c * L.chunk;
+  float v[kU][W] = {};
+#pragma unroll
+  for (int j = 0; j < kU; ++j)
+    load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
+  RowState& st = L.ws.state(r);
+  const float top = plan.top;
+  const int bk = plan.bk, lo = plan.lo, hi = plan.hi;
+  const std::uint64_t seed = a.seed[r], step = a.step[r];
+  u64* cand = L.ws.cand(r);
+  u64 s_hi = 0, s_mid = 0;
+  ScoreMax m;
+  m.floor = packed_key(__ldcg(&st.best));  // a score other CTAs of the row already reached
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+    const int i0 = base + (j * kScanThreads + tid) * W;
+    u32 score_bits = 0, cand_bits = 0;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (i0 + e >= vocab) continue;
+      const float x = scaled_logit(v[j][e], top, rp.inv_t);
+      const int d = static_cast<int>(bucket_of(key_of(v[j][e])));
+      if (d > hi) {  // kept for sure
+        if (rp.p_on) s_hi += mass_of_x(x);
+        if (x >= -kGumbelSpan) score_bits |= 1u << e;
+      } else if (d >= lo || d == bk) {
+        cand_bits |= 1u << e;
+      } else if (rp.p_on && d > bk) {  // in the top-k set, below the range: counts for Z
+        s_mid += mass_of_x(x);
+      }
+    }
+    // Gumbel-max over the sure-kept tokens; one Philox call per group of 4 that needs it.
+#pragma unroll
+    for (int g = 0; g < W / 4; ++g) {
+      if (((score_bits >> (4 * g)) & 0xfu) == 0) continue;
+      const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(i0 / 4 + g));
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if ((score_bits >> (4 * g + e)) & 1u)
+          offer(m, sh.table, v[j][4 * g + e], top, rp.inv_t, rnd.v[e],
+                static_cast<u32>(i0 + 4 * g + e));
+    }
+    m.floor = __reduce_max_sync(kFull, m.floor);  // the warp's best score bounds every lane
+    // Append the candidates: one atomic per warp and vector.
+    const u32 n = __popc(cand_bits);
+    u32 incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const u32 y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const u32 total = __shfl_sync(kFull, incl, 31);
+    if (total != 0) {
+      u32 pos = 0;
+      if (lane == 31) pos = atomicAdd(&st.cand_count, total);
+      pos = __shfl_sync(kFull, pos, 31) + incl - n;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        if (!((cand_bits >> e) & 1u)) continue;
+        if (pos < static_cast<u32>(L.ws.cap))
+          cand[pos] = (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
+        ++pos;
+      }
+    }
+  }
+  // One atomic per CTA and quantity.
+  s_hi = block_sum<kScanThreads>(s_hi, red);
+  s_mid = block_sum<kScanThreads>(s_mid, red);
+  const u64 best = block_max<kScanThreads>(m.best, red);
+  if (tid == 0) {
+    if (s_hi != 0) atomicAdd(&st.s_hi, s_hi);
+    if (s_mid != 0) atomicAdd(&st.s_mid, s_mid);
+    if (best != 0) atomicMax(&st.best, best);
+  }
+}
+
+// A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
+// reverse of the scan's order (the rows it read last are the likeliest in L2).
+template <typename T, int kU>
+__global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
+    filter_kernel(const __grid_constant__ Launch L) {
+  __shared__ FilterShared sh;
+  fill_gumbel_table(sh.table);  // before the wait: overlaps the scan's tail
+  __syncthreads();
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int items = L.chunks * L.a.max_rows;
+  const int live = *L.a.num_rows;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int lin = items - 1 - item;
+    const int r = lin / L.chunks;
+    if (r >= live) continue;
+    const RowParams rp = row_params(L.a, r);
+    const RowPlan plan = row_plan(L.ws, r, rp);
+    if (plan.mode != kModeFast) continue;  // uniform over the CTA
+    filter_item<T, kU>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
+  }
+}
+
+template <typename T, int kU>
+void launch(const Launch& L, cudaStream_t stream) {
+  const int items = L.chunks * L.a.max_rows;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(items, kFilterBlocksPerSm * L.sms)));
+  cfg.blockDim = dim3(kScanThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, filter_kernel<T, kU>, L));
+  GD_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_filter(const Launch& L, cudaStream_t stream) {
+  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
+  const bool small = L.chunk == kSmallChunk;
+  if (L.a.logits_type == LogitsType::kFloat32) {
+    if (small)
+      launch<float, kSmallChunk / (kScanThreads * kF)>(L, stream);
+    else
+      launch<float, kLargeChunk / (kScanThreads * kF)>(L, stream);
+  } else {
+    if (small)
+      launch<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>(L, stream);
+    else
+      launch<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>(L, stream);
+  }
+}
+
+}  // namespace graphdecode::sampling

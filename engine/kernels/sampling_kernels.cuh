@@ -1,0 +1,394 @@
+// Internals of device sampling (sampling.h) shared by its three passes: tuning constants, the
+// workspace layout, the launch parameters, chunk loads and the warp / block primitives.
+//
+// The passes, in stream order (each a kernel; the token never depends on how a row is chunked):
+//   scan    (sampling_scan.cu)    CTA per (row, chunk): argmax into the row's 64-bit atomicMax
+//           (greedy and temperature-only rows stop there: their plan follows from the argmax);
+//           for rows with top-k or top-p, a 12-bit histogram of the order keys (counts; for top-p
+//           also approximate masses relative to a per-CTA bucket reference), merged into the row's
+//           global histogram. The row's last CTA (arrival ticket) writes the plan: the top-k
+//           bucket and the top-p bucket range [lo, hi].
+//   filter  (sampling_filter.cu)  a persistent grid over the (row, chunk) items, rows in reverse
+//           order (the rows the scan read last are still in L2): tokens in buckets above hi are
+//           kept for sure: scored,
+//           their exact masses summed; tokens of the top-k bucket and of [lo, hi] are appended
+//           to the row's candidate list; tokens between the top-k bucket and lo add their exact
+//           mass to the top-p total.
+//   resolve (sampling_resolve.cu) CTAs looping over rows: the exact thresholds among the
+//           candidates, an exact integer check that [lo, hi] held the top-p threshold, the best
+//           candidate score, the token (every live row's, greedy ones too). Otherwise (overflow,
+//           failed check) the exact whole-row algorithm.
+// Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
+// resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
+// resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before
+// their first read of the workspace; the scan, launched plainly, lets them start at once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/pdl.cuh"
+#include "engine/kernels/sampling.h"
+#include "engine/kernels/sampling_math.h"
+
+namespace graphdecode::sampling {
+
+using u64 = unsigned long long;
+using u32 = std::uint32_t;
+
+// ---- tuning constants --------------------------------------------------------------------------
+// 256 threads for the streaming passes: 16-byte loads, 32 logits per thread in registers at the
+// large chunk, 6 CTAs per SM with the 32 KB histogram.
+constexpr int kScanThreads = 256;
+// Logits per CTA: 2048 when max_rows <= kSmallBatch (63 CTAs per 128k row: a lone row still
+// spreads over half the SMs), else 8192 (16 CTAs per 128k row; per-CTA fixed costs, histogram
+// clears and merges, stay small against 32 logits per thread). Both are multiples of 8 so vectors
+// and Philox groups of 4 never straddle a chunk.
+constexpr int kSmallChunk = 2048;
+constexpr int kLargeChunk = 8192;
+constexpr int kSmallBatch = 8;
+// Candidate list per row: the boundary buckets of near-flat 128k-256k rows hold 2k-8k tokens;
+// 16384 x 8 bytes = 128 KB of the resolve CTA's shared memory.
+constexpr int kMaxCandidates = 16384;
+// The resolve CTA: 16 warps; the exact whole-row path walks a 128k row in 16 strides. One CTA per
+// SM at most (the candidate list takes 128 KB), looping over rows.
+constexpr int kResolveThreads = 512;
+// Filter CTAs resident per SM (<= 64 registers); the grid loops over (row, chunk) items, so rows
+// the filter skips (greedy, exact) cost a load each instead of a CTA launch each.
+constexpr int kFilterBlocksPerSm = 4;
+// Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
+// slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
+// a score already reached cannot win and skips the two logarithms. The slack covers the ulp-level
+// wiggles of logf / log1pf and the rounding of the bound's addition (scores are below 64).
+constexpr int kGumbelTableSize = 256;
+constexpr float kGumbelTableSlack = 1e-4f;
+// Approximate per-CTA bucket masses: exp((l - bucket max) / T) in u32 fixed point with 18
+// fractional bits (8192 logits x 2^18 = 2^31 fits); rounding error <= 2^-19 per logit.
+constexpr int kApproxFracBits = 18;
+// Relative slack on the approximate masses (float exp, double rescaling): the real error is
+// ~1e-6; the range only has to contain the threshold, and the exact check backs it.
+constexpr double kApproxSlack = 1e-4;
+
+// ---- workspace
+// -----------------------------------------------------------------------------------
+enum RowMode : std::int32_t { kModeDone = 0, kModeFast = 1, kModeExact = 2 };
+
+// Per-row state. Counters (argmax .. cand_count) are zero between calls; the plan is written by
+// the scan's last CTA before the filter and resolve passes read it.
+struct alignas(128) RowState {
+  u64 argmax;      // scan: atomicMax of pack_max(key, index); reset by the plan
+  u64 s_hi;        // filter: exact mass of the sure-kept tokens; reset by resolve
+  u64 s_mid;       // filter: exact mass of top-k-set tokens below the range; reset by resolve
+  u64 best;        // filter: atomicMax of pack_max(score key, index); reset by resolve
+  u32 ticket;      // scan: arrived CTAs; reset by the plan
+  u32 cand_count;  // filter: candidates appended; reset by resolve
+  // The plan.
+  float top;            // max logit
+  std::int32_t greedy;  // its index
+  std::int32_t mode;    // RowMode
+  std::int32_t bk;      // bucket holding the k-th largest key; -1 = top-k off
+  std::int32_t lo, hi;  // top-p bucket range (top-k only: bk, bk; neither: -1, -1)
+  u32 above_k;          // tokens in buckets above bk
+  u32 below;            // tokens of the top-k set's buckets below lo (0: nothing to check)
+};
+
+struct RowHist {  // zero between calls; the plan clears it
+  u32 count[kBuckets];
+  u32 maxkey[kBuckets];   // largest key of the CTAs' bucket references (top-p)
+  double mass[kBuckets];  // sum of exp((l - bucket_top_value) / T) (top-p)
+};
+
+// One row's block of the workspace; the layout depends on vocab only, so a call with fewer rows
+// uses the same blocks.
+__host__ __device__ constexpr std::size_t candidate_capacity(std::int32_t vocab) {
+  return static_cast<std::size_t>(vocab < kMaxCandidates ? vocab : kMaxCandidates);
+}
+__host__ __device__ constexpr std::size_t row_block_bytes(std::int32_t vocab) {
+  return sizeof(RowState) + sizeof(RowHist) + ((candidate_capacity(vocab) * 8 + 127) / 128) * 128;
+}
+
+struct Workspace {
+  unsigned char* base = nullptr;
+  std::size_t row_bytes = 0;
+  std::int32_t cap = 0;  // candidate slots per row
+
+  __device__ RowState& state(int r) const {
+    return *reinterpret_cast<RowState*>(base + static_cast<std::size_t>(r) * row_bytes);
+  }
+  __device__ RowHist& hist(int r) const {
+    return *reinterpret_cast<RowHist*>(base + static_cast<std::size_t>(r) * row_bytes +
+                                       sizeof(RowState));
+  }
+  __device__ u64* cand(int r) const {
+    return reinterpret_cast<u64*>(base + static_cast<std::size_t>(r) * row_bytes +
+                                  sizeof(RowState) + sizeof(RowHist));
+  }
+};
+
+// ---- launch parameters -------------------------------------------------------------------------
+struct Launch {
+  SamplingArgs a;  // row_stride resolved
+  Workspace ws;
+  std::int32_t chunk = 0;       // logits per scan / filter CTA
+  std::int32_t chunks = 0;      // CTAs per row
+  std::int32_t cand_limit = 0;  // candidates allowed before the exact path (<= ws.cap)
+  std::int32_t sms = 0;         // multiprocessors of the device
+  bool vec_ok = false;          // rows are 16-byte aligned: vector loads
+};
+
+// Checks args (graphdecode::Error naming the field) and lays out the launch (sampling.cu).
+Launch make_launch(const SamplingArgs& args);
+void launch_scan(const Launch& L, cudaStream_t stream);     // sampling_scan.cu
+void launch_filter(const Launch& L, cudaStream_t stream);   // sampling_filter.cu
+void launch_resolve(const Launch& L, cudaStream_t stream);  // sampling_resolve.cu
+
+// ---- per-row parameters ------------------------------------------------------------------------
+struct RowParams {
+  float inv_t;
+  float top_p;
+  std::int32_t top_k;
+  bool sampled, k_on, p_on;
+};
+
+__device__ __forceinline__ RowParams row_params(const SamplingArgs& a, int r) {
+  RowParams p;
+  const float t = a.temperature[r];
+  p.sampled = t > 0.f;
+  p.inv_t = 1.f / t;
+  p.top_k = a.top_k[r];
+  p.top_p = a.top_p[r];
+  p.k_on = p.sampled && top_k_on(p.top_k, a.vocab);
+  p.p_on = p.sampled && top_p_on(p.top_p);
+  return p;
+}
+
+// ---- the row's plan
+// ------------------------------------------------------------------------------ Rows with top-k or
+// top-p get their plan from the scan's last CTA (RowState). Greedy and temperature-only rows have
+// no histogram and no ticket: their plan follows from the argmax, which the passes after the scan
+// read from RowState::argmax (resolve clears it).
+struct RowPlan {
+  std::int32_t mode;  // RowMode
+  float top;
+  std::int32_t greedy;
+  std::int32_t bk, lo, hi;
+  u32 above_k, below;
+};
+
+__device__ __forceinline__ bool has_plan(const RowParams& rp) {
+  return rp.k_on || rp.p_on;
+}
+
+// Whether a row is sampled: T > 0, a non-NaN max that is finite, a finite 1 / T (sampling.h).
+__device__ __forceinline__ bool samples(const RowParams& rp, u64 argmax, float top) {
+  return rp.sampled && argmax != 0 && isfinite(top) && isfinite(rp.inv_t);
+}
+
+__device__ __forceinline__ RowPlan row_plan(const Workspace& ws, int r, const RowParams& rp) {
+  const RowState& st = ws.state(r);
+  RowPlan p;
+  if (has_plan(rp)) {
+    p.mode = st.mode, p.top = st.top, p.greedy = st.greedy;
+    p.bk = st.bk, p.lo = st.lo, p.hi = st.hi, p.above_k = st.above_k, p.below = st.below;
+  } else {
+    const u64 am = __ldcg(&st.argmax);
+    p.greedy = am != 0 ? static_cast<std::int32_t>(packed_index(am)) : 0;
+    p.top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
+    p.mode = samples(rp, am, p.top) ? kModeFast : kModeDone;
+    p.bk = p.lo = p.hi = -1;  // every token is kept
+    p.above_k = p.below = 0;
+  }
+  return p;
+}
+
+// ---- chunk loads -------------------------------------------------------------------------------
+template <typename T>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  static constexpr int kWidth = 4;  // 16 bytes
+};
+template <>
+struct VecOf<__nv_bfloat16> {
+  static constexpr int kWidth = 8;
+};
+
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Logits i0 .. i0 + W - 1 of a row as floats; i0 is a multiple of W. Out-of-row slots are left
+// as they are (callers test i < vocab).
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* row, int i0, int vocab, bool vec_ok,
+                                         float (&out)[VecOf<T>::kWidth]) {
+  constexpr int W = VecOf<T>::kWidth;
+  if (vec_ok && i0 + W <= vocab) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + i0);
+    if constexpr (W == 4) {
+      out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
+      out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
+    } else {
+      const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[2 * j] = __uint_as_float(w[j] << 16);
+        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (i0 + j < vocab) out[j] = to_float(row[i0 + j]);
+  }
+}
+
+// ---- Gumbel-max with bounds -------------------------------------------------------------------
+__device__ __forceinline__ void fill_gumbel_table(float* table) {
+  for (int t = threadIdx.x; t < kGumbelTableSize; t += blockDim.x)
+    table[t] = gumbel_of(static_cast<u32>(t) << 24) + kGumbelTableSlack;
+}
+
+// The running Gumbel-max of a thread: `best` = pack_max(score key, index) of its best exact score;
+// `floor` = the key of a score some token of the row reached (its own, or shared by its warp or
+// the row); 0 = none.
+struct ScoreMax {
+  u64 best = 0;
+  u32 floor = 0;
+};
+
+// pack_max(score key, i) of token i's exact score, 0 for NaN. Not inlined: the bound test lets
+// few tokens get here, and one copy of the two logarithms instead of one per unrolled element
+// keeps the streaming loops in the instruction cache (ncu: 32% of the filter's stalls were
+// instruction fetch with it inlined).
+static __device__ __noinline__ u64 exact_score(float v, float top, float inv_t, u32 word, u32 i) {
+  const float s = score_of(v, top, inv_t, word);
+  return s == s ? pack_max(key_of(s), i) : 0ull;
+}
+
+// Offers token i (logit v, random word `word`) to the running max: skipped when it cannot reach
+// the top token (x < -kGumbelSpan) or when its bound is strictly below `floor`; else scored
+// exactly. Never changes the argmax, only how many scores are computed.
+__device__ __forceinline__ void offer(ScoreMax& m, const float* table, float v, float top,
+                                      float inv_t, u32 word, u32 i) {
+  const float x = scaled_logit(v, top, inv_t);
+  if (!(x >= -kGumbelSpan)) return;
+  if (key_of(x + table[word >> 24]) < m.floor) return;
+  const u64 pk = exact_score(v, top, inv_t, word, i);
+  if (pk == 0) return;
+  const u32 k = packed_key(pk);
+  m.best = pk > m.best ? pk : m.best;
+  m.floor = k > m.floor ? k : m.floor;
+}
+
+// ---- warp primitives (called by all 32 lanes) --------------------------------------------------
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ u64 warp_sum(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ u32 warp_sum(u32 v) {
+  return __reduce_add_sync(kFull, v);
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+__device__ __forceinline__ u64 warp_max(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u64 w = __shfl_xor_sync(kFull, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// hist[bin] += w with one atomic per warp when every contributing lane has the same bin (ties and
+// near-constant rows: the case where per-lane atomics would serialize 32 deep), else per lane.
+template <typename W>
+__device__ __forceinline__ void warp_add(W* hist, u32 bin, W w) {
+  const unsigned live = __ballot_sync(kFull, w != 0);
+  if (live == 0) return;
+  const int leader = __ffs(live) - 1;
+  const u32 bin0 = __shfl_sync(kFull, bin, leader);
+  if (__all_sync(kFull, w == 0 || bin == bin0)) {
+    const W s = warp_sum(w);
+    if ((threadIdx.x & 31) == leader) atomicAdd(&hist[bin0], s);
+  } else if (w != 0) {
+    atomicAdd(&hist[bin], w);
+  }
+}
+
+// a[bin] += wa and b[bin] += wb (u32), aggregated like warp_add.
+__device__ __forceinline__ void warp_add2(u32* a, u32* b, u32 bin, u32 wa, u32 wb) {
+  const unsigned live = __ballot_sync(kFull, wa != 0);
+  if (live == 0) return;
+  const int leader = __ffs(live) - 1;
+  const u32 bin0 = __shfl_sync(kFull, bin, leader);
+  if (__all_sync(kFull, wa == 0 || bin == bin0)) {
+    const u32 sa = __reduce_add_sync(kFull, wa), sb = __reduce_add_sync(kFull, wb);
+    if ((threadIdx.x & 31) == leader) {
+      atomicAdd(&a[bin0], sa);
+      if (sb != 0) atomicAdd(&b[bin0], sb);
+    }
+  } else if (wa != 0) {
+    atomicAdd(&a[bin], wa);
+    if (wb != 0) atomicAdd(&b[bin], wb);
+  }
+}
+
+// ---- block primitives (called by every thread; scratch holds one value per warp) ---------------
+template <int NT, typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T s = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) s += scratch[w];
+  return s;
+}
+
+template <int NT>
+__device__ __forceinline__ u64 block_max(u64 v, u64* scratch) {
+  v = warp_max(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u64 m = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) m = scratch[w] > m ? scratch[w] : m;
+  return m;
+}
+
+// Sum of v over the threads with a larger index (an exclusive suffix scan).
+template <int NT, typename T>
+__device__ __forceinline__ T block_suffix(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T incl = v;  // sum over lanes >= lane
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_down_sync(kFull, incl, o);
+    if (lane + o < 32) incl += y;
+  }
+  __syncthreads();
+  if (lane == 0) scratch[warp] = incl;
+  __syncthreads();
+  T above = incl - v;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w)
+    if (w > warp) above += scratch[w];
+  return above;
+}
+
+}  // namespace graphdecode::sampling

@@ -1,0 +1,285 @@
+// Sampling pass 3 (sampling_kernels.cuh): one CTA per sampled row finds the exact thresholds among
+// the row's candidates, checks the plan with exact integers, and draws; rows the plan could not
+// settle are decided by the exact whole-row algorithm (radix select over the row, then Gumbel-max).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "engine/kernels/sampling_kernels.cuh"
+
+namespace graphdecode::sampling {
+namespace {
+
+constexpr int kWarps = kResolveThreads / 32;
+
+struct ResolveShared {
+  float table[kGumbelTableSize];
+  u64 hist64[256];
+  u32 hist32[256];
+  u64 red[kWarps];
+  u32 digit;
+  u64 rem;
+  u64 s_hi, s_mid, best;
+  u32 n;
+};
+
+// Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
+// counted): returns the key K with weight(key > K) < rem <= weight(key >= K), where rem =
+// rem_of(total weight), clamped to [1, total]. Every thread gets K. When every weighted key has
+// the top byte `top_byte` (>= 0), the walk starts one level lower: 3 levels instead of 4.
+template <typename W, typename KeyAt, typename WeightOf, typename RemOf>
+__device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_of, W* hist,
+                            ResolveShared& sh, int top_byte = -1) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int start = top_byte >= 0 ? 16 : 24;
+  u32 prefix = top_byte >= 0 ? static_cast<u32>(top_byte) << 24 : 0u;
+  u64 rem = 0;
+  for (int shift = start; shift >= 0; shift -= 8) {
+    const u32 mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+    __syncthreads();  // the previous level's readers of sh are done
+    for (int b = threadIdx.x; b < 256; b += kResolveThreads) hist[b] = 0;
+    __syncthreads();
+    for (int i0 = warp * 32; i0 < n; i0 += kResolveThreads) {  // warp-uniform trip count
+      const int i = i0 + lane;
+      u32 key = 0;
+      W w = 0;
+      if (i < n) {
+        key = key_at(i);
+        if ((key & mask) == prefix) w = weight_of(i, key);
+      }
+      warp_add<W>(hist, (key >> shift) & 0xffu, w);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l owns buckets 255 - 8l .. 248 - 8l, scanned from the top down.
+      u64 local = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) local += hist[255 - 8 * lane - b];
+      u64 incl = local;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 up = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += up;
+      }
+      const u64 total = __shfl_sync(kFull, incl, 31);
+      if (shift == start) rem = rem_of(total);
+      if (rem > total) rem = total;  // never with consistent weights; keeps the walk defined
+      if (rem == 0) rem = 1;
+      const u64 excl = incl - local;
+      if (total == 0) {
+        if (lane == 0) sh.digit = 0, sh.rem = 1;
+      } else if (excl < rem && rem <= incl) {
+        u64 c = excl;
+        for (int b = 0; b < 8; ++b) {
+          const int bucket = 255 - 8 * lane - b;
+          const u64 h = hist[bucket];
+          if (c + h >= rem) {
+            sh.digit = static_cast<u32>(bucket);
+            sh.rem = rem - c;
+            break;
+          }
+          c += h;
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= sh.digit << shift;
+    rem = sh.rem;
+  }
+  return prefix;
+}
+
+// The exact whole-row algorithm, as the definition reads (the plan's fallback).
+template <typename T>
+__device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top, int greedy,
+                         ResolveShared& sh) {
+  const SamplingArgs& a = L.a;
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const int vocab = a.vocab;
+  auto key_at = [&](int i) { return key_of(to_float(row[i])); };
+  u32 thr_k = 0;
+  if (rp.k_on) {
+    const u64 k = static_cast<u64>(rp.top_k);
+    thr_k = block_select<u32>(
+        vocab, key_at, [](int, u32) { return 1u; }, [&](u64) { return k; }, sh.hist32, sh);
+  }
+  u32 thr = thr_k;
+  if (rp.p_on) {
+    thr = block_select<u64>(
+        vocab, key_at,
+        [&](int, u32 key) -> u64 {
+          return key >= thr_k ? mass_of(key_to_float(key), top, rp.inv_t) : 0ull;
+        },
+        [&](u64 total) { return top_p_target(rp.top_p, total); }, sh.hist64, sh);
+  }
+  const std::uint64_t seed = a.seed[r], step = a.step[r];
+  ScoreMax m;
+  for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
+    float v[4];
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * g + j;
+      v[j] = i < vocab ? to_float(row[i]) : -INFINITY;
+      any |= i < vocab && key_of(v[j]) >= thr && scaled_logit(v[j], top, rp.inv_t) >= -kGumbelSpan;
+    }
+    if (!any) continue;
+    const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(g));
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (4 * g + j < vocab && key_of(v[j]) >= thr)
+        offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
+  }
+  const u64 best = block_max<kResolveThreads>(m.best, sh.red);
+  return best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+}
+
+// One sampled row (all threads).
+template <typename T>
+__device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const RowPlan& plan,
+                            u64* cs, ResolveShared& sh) {
+  const SamplingArgs& a = L.a;
+  RowState& st = L.ws.state(r);
+  const int tid = threadIdx.x;
+  const int mode = plan.mode;
+  const float top = plan.top;
+  const int greedy = plan.greedy;
+  if (tid == 0) {  // take the filter's accumulators and clear them for the next call
+    sh.n = st.cand_count, sh.s_hi = st.s_hi, sh.s_mid = st.s_mid, sh.best = st.best;
+    st.cand_count = 0, st.s_hi = 0, st.s_mid = 0, st.best = 0;
+  }
+  __syncthreads();
+  const int n = static_cast<int>(sh.n);
+  SamplingPath path = SamplingPath::kFast;
+  int token = greedy;
+  // The plan's candidate count can undercount (the top-k histogram skips logits below its
+  // bound), so the list's real length decides.
+  if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
+    const u64* cand = L.ws.cand(r);
+    for (int i = tid; i < n; i += kResolveThreads) cs[i] = cand[i];
+    __syncthreads();
+    const int bk = plan.bk, lo = plan.lo, hi = plan.hi;
+    auto key_at = [&](int i) { return static_cast<u32>(cs[i] >> 32); };
+    auto in_range = [&](u32 key) {
+      const int d = static_cast<int>(bucket_of(key));
+      return d >= lo && d <= hi;
+    };
+    u32 thr_k = 0;
+    if (rp.k_on) {  // the (k - above_k)-th largest key of bucket bk
+      const u64 want = static_cast<u64>(rp.top_k) - plan.above_k;
+      thr_k = block_select<u32>(
+          n, key_at, [&](int, u32 key) { return static_cast<int>(bucket_of(key)) == bk ? 1u : 0u; },
+          [&](u64) { return want; }, sh.hist32, sh, bk >> 4);
+    }
+    u32 thr = thr_k;
+    bool ok = true;
+    if (rp.p_on) {
+      u64 z = 0, w = 0;  // candidate mass in the top-k set, and inside the range
+      for (int i = tid; i < n; i += kResolveThreads) {
+        const u32 key = key_at(i);
+        if (key < thr_k) continue;
+        const u64 m = mass_of(key_to_float(key), top, rp.inv_t);
+        z += m;
+        if (in_range(key)) w += m;
+      }
+      z = block_sum<kResolveThreads>(z, sh.red);
+      w = block_sum<kResolveThreads>(w, sh.red);
+      const u64 rem = top_p_target(rp.top_p, sh.s_hi + sh.s_mid + z);
+      // Exact check of the plan: the top candidate is kept (so is everything above the range),
+      // and nothing below the range is (all of it has >= rem of mass above it).
+      ok = sh.s_hi < rem && (plan.below == 0 || sh.s_hi + w >= rem);
+      if (ok) {
+        const u64 rem_in = rem - sh.s_hi;
+        thr = block_select<u64>(
+            n, key_at,
+            [&](int, u32 key) -> u64 {
+              return key >= thr_k && in_range(key) ? mass_of(key_to_float(key), top, rp.inv_t)
+                                                   : 0ull;
+            },
+            [&](u64) { return rem_in; }, sh.hist64, sh, (lo >> 4) == (hi >> 4) ? lo >> 4 : -1);
+      }
+    }
+    if (ok) {
+      const std::uint64_t seed = a.seed[r], step = a.step[r];
+      ScoreMax m;
+      m.floor = packed_key(sh.best);  // the sure-kept tokens' best score
+      for (int i = tid; i < n; i += kResolveThreads) {
+        const u32 key = key_at(i);
+        if (key < thr || !in_range(key)) continue;
+        const u32 idx = static_cast<u32>(cs[i]);
+        const Philox4 rnd = sampling_random(seed, step, idx / 4);
+        offer(m, sh.table, key_to_float(key), top, rp.inv_t, rnd.v[idx % 4], idx);
+      }
+      u64 best = block_max<kResolveThreads>(m.best, sh.red);
+      best = best > sh.best ? best : sh.best;
+      token = best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+    } else {
+      path = SamplingPath::kExactCheck;
+    }
+  } else {
+    path = SamplingPath::kExactOverflow;
+  }
+  if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh);
+  if (tid == 0) {
+    a.tokens[r] = token;
+    if (a.path) a.path[r] = static_cast<std::int32_t>(path);
+  }
+}
+
+// At most one CTA per SM (the candidate list's shared memory), looping over the rows.
+template <typename T>
+__global__ void __launch_bounds__(kResolveThreads)
+    resolve_kernel(const __grid_constant__ Launch L) {
+  extern __shared__ u64 cs[];  // [ws.cap] candidates: key << 32 | index
+  __shared__ ResolveShared sh;
+  fill_gumbel_table(sh.table);  // before the wait: overlaps the filter's tail
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int live = *L.a.num_rows;
+  for (int r = blockIdx.x; r < live && r < L.a.max_rows; r += gridDim.x) {
+    const RowParams rp = row_params(L.a, r);
+    __syncthreads();  // the previous row's readers of sh and of the row state are done
+    const RowPlan plan = row_plan(L.ws, r, rp);
+    __syncthreads();  // every thread has its plan (read from the argmax when the row has none)
+    if (threadIdx.x == 0 && !has_plan(rp)) L.ws.state(r).argmax = 0;  // for the next call
+    if (plan.mode == kModeDone) {
+      if (threadIdx.x == 0) {
+        L.a.tokens[r] = plan.greedy;
+        if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
+      }
+      continue;
+    }
+    resolve_row<T>(L, r, rp, plan, cs, sh);
+  }
+}
+
+template <typename T>
+void launch(const Launch& L, cudaStream_t stream) {
+  const int smem = L.ws.cap * static_cast<int>(sizeof(u64));
+  GD_CUDA(
+      cudaFuncSetAttribute(resolve_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(L.a.max_rows, L.sms)));
+  cfg.blockDim = dim3(kResolveThreads);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, resolve_kernel<T>, L));
+  GD_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_resolve(const Launch& L, cudaStream_t stream) {
+  if (L.a.logits_type == LogitsType::kFloat32)
+    launch<float>(L, stream);
+  else
+    launch<__nv_bfloat16>(L, stream);
+}
+
+}  // namespace graphdecode::sampling
