@@ -14,7 +14,7 @@ FINAL_OUT=$OUT
 # $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
 OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
-STAGES=${GD_STAGES:-"build test fuzz example parity bench sanitize"}
+STAGES=${GD_STAGES:-"build test fuzz example parity spec bench sanitize"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
 BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_attention sdpa_peer"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-300}  # racecheck of test_attention_planning_gpu: 120-270 s
@@ -91,10 +91,32 @@ if has parity; then
   fi
 fi
 
+if has spec; then
+  # Speculative decoding against transformers' assisted generation on a trained target/draft pair
+  # (scripts/hf_spec_parity.py), then bench_spec on that pair: speculative vs plain decoding.
+  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+    log="$OUT/hf_spec_parity.txt"
+    work=$(mktemp -d)
+    # shellcheck disable=SC2086
+    if python3 scripts/hf_spec_parity.py --binary $BUILD/examples/model_parity --workdir "$work" \
+        ${GD_SPEC_PARITY_ARGS:-} > "$log" 2>&1; then
+      note "hf_spec_parity" "PASS"; else note "hf_spec_parity" "FAIL"; status=1; fi
+    cat "$log"
+    if [ -d "$work/target" ] && $BUILD/bench/bench_spec --target "$work/target" \
+        --draft "$work/draft" --json "$OUT/bench_spec.json" ${GD_SPEC_BENCH_ARGS:-} \
+        > "$OUT/bench_spec.txt" 2>&1; then
+      note "bench bench_spec" "ok"; else note "bench bench_spec" "FAILED"; status=1; fi
+    cat "$OUT/bench_spec.txt"
+  else
+    note "hf_spec_parity" "skipped (no torch/transformers with CUDA)"
+  fi
+fi
+
 if has bench; then
   for b in $BUILD/bench/bench_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
+    [ "$name" = bench_spec ] && continue  # the spec stage runs it on a trained pair
     [ "$BENCHES" = all ] || [[ " $BENCHES " == *" $name "* ]] || continue
     args=()  # bench_decode: 1B-class decode step vs its bandwidth floor, contexts 1024 and 4096
     [ "$name" = bench_decode ] && args=(--context "${GD_DECODE_CONTEXT:-1024,4096}")
