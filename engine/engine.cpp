@@ -95,6 +95,7 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
   result_.tokens.reserve(b * (k + 1));
   events_.reserve(b * (k + 1));
   callbacks_.reserve(4 * b);
+  cancel_events_.reserve(b);
   stats_.drafted_at.assign(k, 0);
   stats_.accepted_at.assign(k, 0);
   decode_us_.assign(kLatencyWindow, 0.0);
@@ -120,20 +121,49 @@ bool Engine::step() {
   // leaves the books consistent.
   scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);
   runner_->retire(events_);
-  for (const TokenEvent& e : events_) {
-    const auto it = callbacks_.find(e.id);
-    if (it == callbacks_.end()) continue;
-    if (e.finished) {
-      const TokenCallback cb = std::move(it->second);
-      callbacks_.erase(it);
-      cb(e);
-    } else {
-      it->second(e);
+  in_callbacks_ = true;
+  try {
+    for (const TokenEvent& e : events_) {
+      // A request cancelled by an earlier callback of this step gets no more tokens.
+      const auto cancelled = [&e](const TokenEvent& c) { return c.id == e.id; };
+      if (std::none_of(cancel_events_.begin(), cancel_events_.end(), cancelled)) deliver(e);
     }
+    // Then the cancellations those callbacks made (more may be added while delivering).
+    for (std::size_t i = 0; i < cancel_events_.size(); ++i) deliver(cancel_events_[i]);
+  } catch (...) {
+    in_callbacks_ = false;
+    cancel_events_.clear();
+    throw;
   }
+  in_callbacks_ = false;
+  cancel_events_.clear();
   record(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
          result_);
   return true;
+}
+
+void Engine::deliver(const TokenEvent& e) {
+  const auto it = callbacks_.find(e.id);
+  if (it == callbacks_.end()) return;
+  if (e.finished) {
+    const TokenCallback cb = std::move(it->second);
+    callbacks_.erase(it);
+    cb(e);
+  } else {
+    it->second(e);
+  }
+}
+
+void Engine::cancel(RequestId id) {
+  const TokenEvent e = scheduler_->cancel(id);  // throws, changing nothing
+  runner_->retire(std::span<const TokenEvent>(&e, 1));
+  ++stats_.cancelled;
+  ++stats_.finished;
+  if (in_callbacks_) {
+    cancel_events_.push_back(e);
+  } else {
+    deliver(e);
+  }
 }
 
 void Engine::record(double us, const StepResult& r) {

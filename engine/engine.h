@@ -73,7 +73,8 @@ struct EngineStats {
   std::int64_t graph_steps = 0, eager_steps = 0;
   std::int64_t prompt_tokens = 0;     // prefilled
   std::int64_t generated_tokens = 0;  // sampled and delivered
-  std::int64_t finished = 0;
+  std::int64_t finished = 0;          // including cancelled
+  std::int64_t cancelled = 0;
   double busy_s = 0;  // wall time inside step(), host + device
   // Speculative decoding: request-steps of speculative steps, drafts proposed and accepted, and
   // per draft position j (0-based) how often a draft was proposed and accepted there.
@@ -109,6 +110,12 @@ class Engine {
   // Queues a request; `on_token` is called from step() for each generated token (the last one
   // with finished = true). Throws Error (changing nothing) on bad input.
   RequestId submit(RequestSpec spec, TokenCallback on_token = {});
+  // Cancels a waiting or running request; safe to call from any token callback. The request
+  // leaves the queue or the batch at once (its slot and pages go back, its tokens stop); its
+  // callback gets a final event (finished, cancelled, token kNoToken): at once when called
+  // outside step(), after the step's other callbacks when called from one. Throws Error
+  // ("request") for an id that is unknown or already finished, changing nothing.
+  void cancel(RequestId id);
   // Runs one step. Returns false when there was nothing to do.
   bool step();
   void run_until_idle();
@@ -126,6 +133,7 @@ class Engine {
 
  private:
   void record(double us, const StepResult& result);
+  void deliver(const TokenEvent& e);
 
   EngineConfig config_;
   Stream stream_;
@@ -137,6 +145,8 @@ class Engine {
   StepPlan plan_;
   StepResult result_;
   std::vector<TokenEvent> events_;
+  bool in_callbacks_ = false;              // step() is delivering events_
+  std::vector<TokenEvent> cancel_events_;  // cancellations made from a callback, delivered next
 
   EngineStats stats_;
   std::vector<double> decode_us_;  // ring of kLatencyWindow

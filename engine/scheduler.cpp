@@ -77,6 +77,7 @@ void Scheduler::next_step(StepPlan& plan) {
     const std::optional<std::int32_t> slot = ledger_.try_admit(reservation(r.spec));
     if (!slot) break;
     r.slot = *slot;
+    r.admitted = true;
     running_.push_back(queue_.front());
     plan.admitted.push_back(queue_.front());
     queue_.pop_front();
@@ -180,6 +181,20 @@ void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t>
       break;  // tokens past a stop or the limit are never delivered
     }
   }
+}
+
+TokenEvent Scheduler::cancel(RequestId id) {
+  const auto it = requests_.find(id);
+  GD_REQUIRE(it != requests_.end(), "request", id,
+             "unknown or already finished: nothing to cancel");
+  if (it->second.admitted) {
+    ledger_.release(it->second.slot);
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    queue_.erase(std::find(queue_.begin(), queue_.end(), id));
+  }
+  requests_.erase(it);
+  return TokenEvent{id, kNoToken, true, true};
 }
 
 const Scheduler::Request& Scheduler::find(RequestId id) const {

@@ -77,9 +77,11 @@ struct StepPlan {
 
 struct TokenEvent {
   RequestId id = 0;
-  std::int32_t token = 0;
-  bool finished = false;
+  std::int32_t token = 0;  // kNoToken on a cancellation event
+  bool finished = false;   // the request's last event
+  bool cancelled = false;  // finished by cancel(), not by a stop token or max_new_tokens
 };
+inline constexpr std::int32_t kNoToken = -1;
 
 class Scheduler {
  public:
@@ -103,6 +105,11 @@ class Scheduler {
   // The same into `events` (cleared first), reusing its storage.
   void on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,
                     std::vector<TokenEvent>& events);
+  // Cancels a waiting or running request between steps: a waiting one leaves the queue, a
+  // running one releases its slot and pages in the ledger now (their commands ride in the next
+  // step's image). Returns its final event (finished and cancelled, token kNoToken). Error
+  // "request" for an id that is unknown or already finished (nothing changes).
+  TokenEvent cancel(RequestId id);
   // Several tokens per request: plan.requests[i] committed counts[i] tokens (>= 1 where samples,
   // else ignored), stored one request after the other in `tokens`.
   void on_step_done(const StepPlan& plan, std::span<const std::int32_t> counts,
@@ -124,6 +131,7 @@ class Scheduler {
     std::int32_t cached = 0;           // tokens in the KV cache
     std::int32_t generated = 0;
     std::int32_t slot = 0;  // while admitted
+    bool admitted = false;
   };
   KvReservation reservation(const RequestSpec& s) const;
   const Request& find(RequestId id) const;

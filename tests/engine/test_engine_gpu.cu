@@ -319,6 +319,87 @@ TEST_F(EngineGpu, UnsupportedConfigsAreRefusedAtConstruction) {
   }
 }
 
+// Cancellation: a waiting request (its final event at once), a request in prefill, and running
+// requests cancelled from another request's callback; no token is delivered after a cancel
+// event, the others finish with tokens the float64 reference confirms, every page comes back;
+// unknown and finished ids are named errors. Plain and speculative engines.
+class EngineCancel : public EngineGpu, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(EngineCancel, WaitingPrefillAndRunningRequestsLeaveCleanly) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 3;
+  ec.max_step_tokens = 32;  // a 100-token prompt takes four prefill steps
+  ec.max_context = 160;
+  if (GetParam()) ec.speculative.max_draft_tokens = 3;
+  Engine engine(w, ec, GetParam() ? &w : nullptr);
+  Collected got;
+  std::map<RequestId, bool> cancelled;
+  const auto track = [&](const TokenEvent& e) {
+    EXPECT_FALSE(cancelled[e.id]) << "event after the cancellation of request " << e.id;
+    if (e.cancelled) cancelled[e.id] = true;
+    EXPECT_EQ(e.cancelled, e.token == kNoToken);
+  };
+  std::vector<RequestId> ids;
+  std::map<RequestId, std::vector<std::int32_t>> prompts;
+  for (int r = 0; r < 6; ++r) {
+    RequestSpec s;
+    s.prompt = random_prompt(rng, r == 1 ? 100 : 20 + 7 * r, config.vocab_size);
+    s.max_new_tokens = 30;
+    prompts[static_cast<RequestId>(r + 1)] = s.prompt;
+    const TokenCallback inner = collect(got);
+    // Request 0's third token cancels requests 2 and 3 (running or still waiting) from its
+    // callback.
+    const bool canceller = r == 0;
+    ids.push_back(engine.submit(std::move(s), [&, inner, canceller](const TokenEvent& e) {
+      track(e);
+      inner(e);
+      if (canceller && got.tokens[e.id].size() == 3) {
+        engine.cancel(ids[2]);
+        engine.cancel(ids[3]);
+      }
+    }));
+  }
+  engine.cancel(ids[5]);  // waiting: its final event arrives at once
+  EXPECT_TRUE(cancelled[ids[5]]);
+  EXPECT_EQ(got.finished[ids[5]], 1);
+  ASSERT_TRUE(engine.step());  // requests 0..2 admitted; request 1 starts its long prefill
+  engine.cancel(ids[1]);       // in prefill
+  EXPECT_TRUE(cancelled[ids[1]]);
+  while (engine.step()) {
+  }
+  EXPECT_TRUE(engine.idle());
+  for (RequestId id : ids) EXPECT_EQ(got.finished[id], 1) << "request " << id;
+  for (RequestId id : {ids[1], ids[2], ids[3], ids[5]}) EXPECT_TRUE(cancelled[id]) << id;
+  for (RequestId id : {ids[0], ids[4]}) {
+    EXPECT_FALSE(cancelled[id]);
+    EXPECT_EQ(got.tokens[id].size(), 30u);
+    expect_greedy_confirmed(w, prompts[id], got.tokens[id], "request " + std::to_string(id));
+  }
+  EXPECT_EQ(engine.stats().cancelled, 4);
+  EXPECT_EQ(engine.stats().finished, 6);
+  for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p) {
+    EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
+    EXPECT_EQ(engine.ledger().reserved_pages(p), 0) << "pool " << p;
+  }
+  const auto field_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.field();
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_EQ(field_of([&] { engine.cancel(ids[0]); }), "request");  // finished
+  EXPECT_EQ(field_of([&] { engine.cancel(12345); }), "request");   // unknown
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainOrSpeculative, EngineCancel, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "speculative" : "plain"; });
+
 // Speculative decoding in the engine: continuous batching (requests join and leave, chunked
 // prefill, a pool too small for all at once, stop tokens), the target as its own draft, a draft
 // with a noisy LM head and prompt lookup, graphs on and off. Every greedy request's tokens are

@@ -215,6 +215,51 @@ TEST(Scheduler, SlidingWindowOnlyModelIsAdmittedByWindowPages) {
   random_traffic(traffic, 777, 200, 56);
 }
 
+// Cancellation between steps: a waiting request leaves the queue; a running one (in prefill or
+// decoding) returns its slot and pages at once; unknown and finished ids are named errors.
+TEST(Scheduler, CancelWaitingAndRunningRequestsReturnsTheirPages) {
+  LedgerSetup setup(12);  // 12 pages: two requests of 96 + 32 tokens (8 pages) do not fit together
+  Scheduler& s = setup.s;
+  const RequestId a = s.submit(spec(96, 32));
+  const RequestId b = s.submit(spec(96, 32));
+  const RequestId c = s.submit(spec(8, 8));
+  StepPlan p = s.next_step();  // a admitted (8 pages); b waits at the head, c behind it
+  ASSERT_EQ(p.admitted, std::vector<RequestId>{a});
+  EXPECT_EQ(s.waiting(), 2);
+  const TokenEvent eb = s.cancel(b);  // waiting: leaves the queue, no pages involved
+  EXPECT_TRUE(eb.finished && eb.cancelled);
+  EXPECT_EQ(eb.token, kNoToken);
+  EXPECT_EQ(s.waiting(), 1);
+  EXPECT_EQ(setup.ledger.reserved_pages(0), 8);
+  // a is in prefill (its first chunk planned, not yet run): cancel it between steps.
+  const std::vector<std::int32_t> none;
+  std::vector<TokenEvent> events;
+  s.on_step_done(p, std::vector<std::int32_t>{0}, none, events);
+  EXPECT_TRUE(events.empty());
+  const TokenEvent ea = s.cancel(a);
+  EXPECT_TRUE(ea.cancelled);
+  EXPECT_EQ(s.running(), 0);
+  EXPECT_EQ(setup.ledger.reserved_pages(0), 0);
+  EXPECT_EQ(setup.ledger.active_requests(), 0);
+  // c is admitted now, prefills, decodes once, then is cancelled while decoding.
+  p = s.next_step();
+  ASSERT_EQ(p.admitted, std::vector<RequestId>{c});
+  for (const PlannedRequest& r : p.requests) setup.ledger.extend(r.slot, r.extend_len);
+  s.on_step_done(p, std::vector<std::int32_t>{5});
+  p = s.next_step();
+  ASSERT_EQ(p.kind, StepKind::kDecode);
+  for (const PlannedRequest& r : p.requests) setup.ledger.extend(r.slot, r.extend_len);
+  s.on_step_done(p, std::vector<std::int32_t>{6});
+  EXPECT_GT(setup.ledger.free_pages(0), 0);
+  s.cancel(c);
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(setup.ledger.free_pages(0), 12);
+  EXPECT_EQ(setup.ledger.reserved_pages(0), 0);
+  EXPECT_TRUE(s.next_step().empty());
+  EXPECT_EQ(field_of([&] { s.cancel(c); }), "request");    // already cancelled
+  EXPECT_EQ(field_of([&] { s.cancel(999); }), "request");  // never submitted
+}
+
 TEST(Scheduler, RequestThatNeverFitsTheWindowPoolIsRefused) {
   LedgerSetup setup(4, AttentionKind::kSliding);
   EXPECT_EQ(field_of([&] { setup.s.submit(spec(150, 50)); }), "kv_pages_needed");  // 5 > 4
