@@ -2,7 +2,7 @@
 // the device's draft tokens == the host's, pages that must not change, and sampled rows of every
 // phase against the float64 reference.
 #include <algorithm>
-#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <ostream>
 #include <string>

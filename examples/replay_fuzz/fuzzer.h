@@ -3,7 +3,6 @@
 // ledger is engine A's (its commands go to both), and the checks of every step.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <random>
