@@ -122,8 +122,8 @@ StepCapacity stack_step_capacity(const AttentionStackConfig& c) {
 }
 
 AttentionStack::AttentionStack(const AttentionStackConfig& config, StepContext& step,
-                               cudaStream_t stream)
-    : config_(config), runtime_(config.layout, config.options, step, 0, stream) {
+                               cudaStream_t stream, std::int32_t model)
+    : config_(config), runtime_(config.layout, config.options, step, model, stream) {
   config_.validate();
   const auto t = static_cast<std::size_t>(config_.options.max_tokens);
   const auto hq = static_cast<std::size_t>(config_.layout.num_q_heads);
@@ -146,19 +146,19 @@ AttentionStack::AttentionStack(const AttentionStackConfig& config, StepContext& 
   GD_CUDA(cudaStreamSynchronize(stream));
 }
 
-void AttentionStack::layer_input(std::int32_t layer, std::int32_t flags, const StepShape& shape,
+void AttentionStack::layer_input(std::int32_t layer, std::int32_t flags, const StepMetaView& m,
+                                 std::int32_t token_capacity, float* residual,
                                  cudaStream_t stream) const {
-  const StepMetaView& m = runtime_.meta();
   LayerInputParams p;
   p.num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   p.token_id = m.token_id;
   p.token_position = m.token_position;
   p.out = out_.data();
-  p.residual = residual_.data();
+  p.residual = residual;
   p.q = q_.data();
   p.k = k_.data();
   p.v = v_.data();
-  p.token_capacity = std::min(shape.token_capacity, config_.options.max_tokens);
+  p.token_capacity = std::min(token_capacity, config_.options.max_tokens);
   p.num_q_heads = config_.layout.num_q_heads;
   p.num_kv_heads = config_.layout.num_kv_heads;
   p.head_dim = config_.layout.head_dim;
@@ -177,16 +177,22 @@ void AttentionStack::enqueue(const StepShape& shape, cudaStream_t stream) {
   GD_REQUIRE(shape.token_capacity >= 1, "token_capacity", shape.token_capacity, "must be positive");
   runtime_.step().prep().enqueue(stream);
   runtime_.plan(stream);
-  const StepMetaView& m = runtime_.meta();
+  forward(runtime_.meta(), shape.token_capacity, residual_.data(), stream);
+}
+
+void AttentionStack::forward(const StepMetaView& m, std::int32_t token_capacity, float* residual,
+                             cudaStream_t stream) const {
+  GD_REQUIRE(token_capacity >= 1, "token_capacity", token_capacity, "must be positive");
+  GD_REQUIRE(residual != nullptr, "residual", "nullptr", "forward needs an output buffer");
   const AttentionLayout& layout = config_.layout;
   const auto layers = static_cast<std::int32_t>(layout.layers.size());
   for (std::int32_t l = 0; l < layers; ++l) {
     const bool self = layout.layers[l] != AttentionKind::kCross;
     const std::int32_t flags =
         (l == 0 ? kInitResidual : kAccumulate) | kWriteQ | (self ? kWriteKV : 0);
-    layer_input(l, flags, shape, stream);
+    layer_input(l, flags, m, token_capacity, residual, stream);
     if (self) {
-      const AttentionContext a = runtime_.layer(l);
+      const AttentionContext a = runtime_.layer(l, m);
       KvWriteArgs w;
       w.cache = a.kv;
       w.max_slots = a.max_slots;
@@ -194,17 +200,17 @@ void AttentionStack::enqueue(const StepShape& shape, cudaStream_t stream) {
       w.k_new = k_.data();
       w.v_new = v_.data();
       w.num_tokens = m.scalars + StepMetaLayout::kNumTokens;
-      w.max_tokens = std::min(shape.token_capacity, config_.options.max_tokens);
+      w.max_tokens = std::min(token_capacity, config_.options.max_tokens);
       w.slot = m.token_slot;
       w.position = m.token_position;
       write_new_kv(w, stream);
     }
     // Self layers: write_new_kv (this step's K/V rows) is the kernel right before. Cross layers:
     // layer_input (q); kQueryAndNewKv is ignored in cross mode anyway.
-    runtime_.attend(l, q_.data(), out_.data(), stream,
+    runtime_.attend(l, m, q_.data(), out_.data(), stream,
                     self ? PriorWrites::kQueryAndNewKv : PriorWrites::kAnything);
   }
-  layer_input(layers, kAccumulate, shape, stream);
+  layer_input(layers, kAccumulate, m, token_capacity, residual, stream);
 }
 
 void AttentionStack::apply_table(AttentionKind kind, const TableCommandBatch& batch,

@@ -5,6 +5,7 @@
 //
 // One step (enqueue):
 //   prep (table commands of every pool + metadata)  ->  plan once per attention kind  ->
+//   forward over the prep's block:
 //   per layer l:  residual += out(l-1) (l > 0; residual = 0 at l = 0)
 //                 q = round(hash(Q, token id, position, l, head, dim) + gain * residual)
 //                 self layers: k, v = round(hash(K/V, token id, position, l, kv head, dim)),
@@ -14,6 +15,10 @@
 // so layers chain, and the output of a step is residual [num_tokens][num_q_heads * head_dim]
 // (float). Cross layers read encoder K/V that encode() wrote when the request arrived, from
 // hash(encoder K/V, request id, encoder position, l, kv head, dim).
+//
+// forward() runs the layers over any metadata block of the prep's layout (a phase of a
+// speculative step, spec_stack.h) into any residual buffer, so two stacks (a target and a draft,
+// models 0 and 1 of one StepContext) can run the phases of one step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,11 +47,19 @@ StepCapacity stack_step_capacity(const AttentionStackConfig& config);
 
 class AttentionStack : public StepProgram {
  public:
-  // `step` must have been built from stack_step_capacity(config) and outlive the stack.
-  // Allocates every buffer (pools, attention workspaces, activations) on `stream`.
-  AttentionStack(const AttentionStackConfig& config, StepContext& step, cudaStream_t stream);
+  // `step` must have been built from a capacity that lists this config's pools as model `model`
+  // (stack_step_capacity(config) for model 0 alone) and outlive the stack. Allocates every buffer
+  // (pools, attention workspaces, activations) on `stream`.
+  AttentionStack(const AttentionStackConfig& config, StepContext& step, cudaStream_t stream,
+                 std::int32_t model = 0);
 
+  // prep -> plan -> forward(prep block, residual()).
   void enqueue(const StepShape& shape, cudaStream_t stream) override;
+  // Capture-safe: the layers over the phase whose metadata is `meta`, planned for it
+  // (runtime().plan(meta)) after it was written. Grids cover `token_capacity` rows (counts are
+  // read on the device). Output: `residual` [token_capacity][row_elems()] float.
+  void forward(const StepMetaView& meta, std::int32_t token_capacity, float* residual,
+               cudaStream_t stream) const;
 
   // Eager, at request arrival (after the cross pool's table holds the request's pages, see
   // apply_table): writes the request's encoder K/V for every cross layer at positions
@@ -56,8 +69,9 @@ class AttentionStack : public StepProgram {
   // Eager table update of this stack's pool of `kind` (outside a step).
   void apply_table(AttentionKind kind, const TableCommandBatch& batch, cudaStream_t stream);
 
-  // residual [max_tokens][num_q_heads * head_dim] float: the step's output.
+  // residual [max_tokens][num_q_heads * head_dim] float: enqueue's output.
   const float* residual() const noexcept { return residual_.data(); }
+  float* residual() noexcept { return residual_.data(); }
   std::int32_t row_elems() const noexcept {
     return config_.layout.num_q_heads * config_.layout.head_dim;
   }
@@ -65,8 +79,8 @@ class AttentionStack : public StepProgram {
   const ModelRuntime& runtime() const noexcept { return runtime_; }
 
  private:
-  void layer_input(std::int32_t layer, std::int32_t mode_flags, const StepShape& shape,
-                   cudaStream_t stream) const;
+  void layer_input(std::int32_t layer, std::int32_t mode_flags, const StepMetaView& meta,
+                   std::int32_t token_capacity, float* residual, cudaStream_t stream) const;
 
   AttentionStackConfig config_;
   ModelRuntime runtime_;
