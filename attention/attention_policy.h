@@ -77,7 +77,7 @@ inline constexpr int kDefaultSplitTokens = 1024;
 inline constexpr int kNarrowMinHeadDim = GD_ATTN_NARROW_MIN_DIM;
 // ...and below it for work items of at least this many keys, whose loop outweighs the set-up
 // (a sweep turns it off with a value above max_kv_len).
-// 1024: NOTES 53, Llama-1B step B=64 L=4096 5030.6 us vs 5302.0 without; 512: B=8 1751.0 vs 1740.8.
+// 1024: NOTES 53, Llama-1B step B=64 L=4096 5030.6 us vs 5302.0 without; 512 lost at B=8 L=4096.
 #ifndef GD_ATTN_NARROW_MIN_KEYS
 #define GD_ATTN_NARROW_MIN_KEYS 1024
 #endif
@@ -88,12 +88,12 @@ inline constexpr int kNarrowMinKeys = GD_ATTN_NARROW_MIN_KEYS;
 // other kernels and its layout alone moves the step by ~1%: NOTES 53, 62.)
 
 // The split merge loads the next batch of chunks while it sums the current one.
-// >= 128: NOTES 30, d128 B=1 L=4096 call 19.6 us vs 20.2; d64 model step B=1 1389 vs 1362 with it.
+// >= 128: NOTES 30, d128 B=1 L=4096 call 19.6 us vs 20.2; at d64 the model step took 1389 vs 1362.
 template <int kHeadDim>
 inline constexpr bool kMergePrefetch = kHeadDim >= 128;
 
 // A batch of one request is planned by its own thread, no block scans (self-planned calls).
-// >= 128: NOTES 91, d128 B=1 L=4096 call 17.1-17.2 us vs 17.7-17.8; d64 step B=1 1361.4 vs 1345.3.
+// >= 128: NOTES 91, d128 B=1 L=4096 call 17.1-17.2 us vs 17.7-17.8; d64 step 1361.4 vs 1345.3.
 template <int kHeadDim>
 inline constexpr bool kAlonePlan = kHeadDim >= 128;
 

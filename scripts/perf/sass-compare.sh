@@ -7,6 +7,7 @@
 #   scripts/perf/sass-compare.sh OLD_REV [NEW_REV]     (NEW_REV: default the working tree)
 # Both revisions are built in the same scratch path, so names that hash the source path (anonymous
 # namespaces) match. Prints one line per kernel; exits 1 if any kernel's SASS differs.
+# GD_SASS_FLAGS: extra nvcc flags for both builds (e.g. "-DGD_ATTN_TRACE=1", "-DGD_ATTN_STAGES=2").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -29,7 +30,8 @@ dump() {
   fi
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DGRAPHDECODE_BUILD_TESTS=OFF -DGRAPHDECODE_BUILD_BENCH=OFF \
-    -DGRAPHDECODE_BUILD_EXAMPLES=OFF > "$work/$name.log" 2>&1
+    -DGRAPHDECODE_BUILD_EXAMPLES=OFF "-DCMAKE_CUDA_FLAGS=${GD_SASS_FLAGS:-}" \
+    > "$work/$name.log" 2>&1
   mapfile -t objs < <(ninja -C "$build" -t targets all |
     grep -oE '^CMakeFiles/graphdecode\.dir/attention/[^:]+\.cu\.o' | sort)
   ninja -C "$build" "${objs[@]}" >> "$work/$name.log" 2>&1 ||
@@ -52,6 +54,7 @@ split old
 split new
 label="working tree"
 [ -z "$new" ] || label=$(git rev-parse --short "$new")
+label+=${GD_SASS_FLAGS:+ ($GD_SASS_FLAGS)}
 echo "SASS of the attention kernels, $(git rev-parse --short "$old") -> $label"
 status=0
 for f in $(ls "$work/old.k" "$work/new.k" | grep -v ':$' | sort -u); do
