@@ -30,39 +30,6 @@
 
 namespace graphdecode::attn {
 
-// Decode layout: rolled (not unrolled) loops for the Q.K^T head-dim steps and the K/V tile
-// copies, i.e. less code for every CTA to fetch cold (H100, B=8 L=512: 1867 -> 1712 distinct
-// instructions executed, instruction-fetch stalls 38% -> 33% of samples, kernel 21.3 -> 19.7 us
-// under ncu). The extend layout keeps them unrolled: rolled, verify N=8 at B=64 L=8192 went
-// 793 -> 845 us.
-#ifndef GD_ATTN_ROLL_DECODE
-#define GD_ATTN_ROLL_DECODE 1
-#endif
-// Decode layout for <= 8 rows with keys as the mma's M dimension (attend's kNarrow), for head dims
-// >= GD_ATTN_NARROW_MIN_DIM. H100, d128, per layer of a step: B=1 L=2048 8.7 -> 7.8 us, B=8
-// L=8192 93.8 -> 92.8, L=32768 362.1 -> 361.1, B=256 L=2048 715.1 -> 708.1. At d64 it is faster
-// in bench_attention too, but the Llama-1B step (bench_decode) took 37 us longer at B=1 and 16 us
-// at B=8 L=1024 (240 us shorter at B=64 L=4096): inside the model its CTAs stall longer on
-// instruction fetch (ncu, bench/NOTES.md 50), so d64 keeps the 16-row layout but for long items
-// (below).
-#ifndef GD_ATTN_NARROW_MIN_DIM
-#define GD_ATTN_NARROW_MIN_DIM 128
-#endif
-// Below GD_ATTN_NARROW_MIN_DIM, the narrow layout still serves work items of at least this many
-// keys, whose loop outweighs the set-up's cold instruction fetch (0: never). The choice depends on
-// the item's own key range, which deterministic mode anchors per request: outputs stay
-// batch-invariant. H100, Llama-1B step (bench_decode, two runs): B=64 L=4096 5302 -> 5030 us,
-// L=1024 2417 -> 2378; B=8 within +-3 us; B=1 L=1024 1369 -> 1377 (the larger kernel's code,
-// though no B=1 item is that long). 512 keys: B=8 L=4096 1739 -> 1751 (bench/NOTES.md 53).
-// Experiment knob (bench/NOTES.md 65): wait for tile `it` before issuing tile it + kStages - 1,
-// so one tile fewer is in flight at each wait.
-#ifndef GD_ATTN_WAIT_FIRST
-#define GD_ATTN_WAIT_FIRST 0
-#endif
-#ifndef GD_ATTN_NARROW_MIN_KEYS
-#define GD_ATTN_NARROW_MIN_KEYS 1024
-#endif
-
 // Waits for the kernel before this one in the stream, then lets the kernel after this one be
 // scheduled: in that order, as common/pdl.cuh's promise asks of a PDL-launched kernel.
 __device__ __forceinline__ void grid_dependency_sync() {
@@ -146,7 +113,9 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   constexpr int kNB = kKeysPerWarp / 8;             // score n-blocks per warp
   constexpr int kDB = kHeadDim / 8;                 // output n-blocks (narrow: kDB / 2 m-blocks)
   constexpr int kQRows = kNarrow ? 8 : kWarpsKV == 4 ? 16 : kMaxRows;
-  constexpr bool kRolled = GD_ATTN_ROLL_DECODE && kWarpsKV == 4;  // see GD_ATTN_ROLL_DECODE
+  // The decode layout rolls the Q.K^T head-dim loop and the K/V copies: less code for every CTA
+  // to fetch cold. The extend layout's 64-row schedule needs them unrolled (NOTES 23).
+  constexpr bool kRolled = kWarpsKV == 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wq = kWarpsKV == 4 ? 0 : warp;  // row group of this warp
   const int wk = kWarpsKV == 4 ? warp : 0;  // key slice of this warp
@@ -192,7 +161,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 #pragma unroll
   for (int d = 0; d < kOB; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const std::uint64_t kv_policy = GD_ATTN_KV_EVICT_FIRST ? l2_evict_first_policy() : 0;
+  const std::uint64_t kv_policy = l2_evict_first_policy();
 
   // The first kStages - 1 iterations only fill the pipeline: one load site keeps the code small
   // (every CTA fetches it cold; at small batch a CTA runs 1-2 tiles, so code is the latency).
@@ -202,8 +171,9 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   // newest group.
   const int new_begin = p.call.causal ? max(w.kb, w.kv_len - w.q_len) : w.kb;
   // Narrow layout: this lane's V^T ldmatrix offsets (bytes) inside a stage, the same for every
-  // tile (recomputed per tile they were ~25 of the warp's ~250 compute instructions per tile). Set
-  // once the prologue's copies are issued: code run before them delays a small batch's first tile.
+  // tile, so made once per item (per tile they are a tenth of the warp's compute instructions).
+  // Set once the prologue's copies are issued: code run before them delays a small batch's first
+  // tile (NOTES 58).
   std::uint32_t v_off[kNarrow ? kOB : 1];
   if (!early) load_q();
 #pragma unroll 1
@@ -217,22 +187,20 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
             kv_policy, new_begin, w.ke, true);
       cp_async_commit();
     }
-    const auto issue_next = [&] {
-      const int nxt = it + C::kStages - 1;
-      if (nxt < n_tiles) {
-        const int st = nxt % C::kStages;
-        T* k_dst = sK + st * kBlockN * kHeadDim;
-        T* v_dst = sV + st * kBlockN * kHeadDim;
-        if (early && it < 0)
-          load_kv_tile<T, kHeadDim, true, true>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
-                                                kv_policy, new_begin, w.ke, false);
-        else
-          load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
-                                             kv_policy);
-      }
-      cp_async_commit();
-    };
-    if (!GD_ATTN_WAIT_FIRST || it < 0) issue_next();
+    // Issue tile it + kStages - 1 into the stage tile it - 1 left (one commit group per iteration).
+    const int nxt = it + C::kStages - 1;
+    if (nxt < n_tiles) {
+      const int st = nxt % C::kStages;
+      T* k_dst = sK + st * kBlockN * kHeadDim;
+      T* v_dst = sV + st * kBlockN * kHeadDim;
+      if (early && it < 0)
+        load_kv_tile<T, kHeadDim, true, true>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
+                                              kv_policy, new_begin, w.ke, false);
+      else
+        load_kv_tile<T, kHeadDim, kRolled>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
+                                           kv_policy);
+    }
+    cp_async_commit();
     if (it < 0) {
       if constexpr (kNarrow) {
         if (it == -1) {
@@ -247,13 +215,11 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
       continue;
     }
     // Tile it is in the oldest group still open; at it = 0 of an early start, in the newest.
-    constexpr int kNewerGroups = GD_ATTN_WAIT_FIRST ? C::kStages - 2 : C::kStages - 1;
     if (early && it == 0)
-      cp_async_wait<GD_ATTN_WAIT_FIRST ? 0 : 1>();
+      cp_async_wait<1>();
     else
-      cp_async_wait<kNewerGroups>();
+      cp_async_wait<C::kStages - 1>();
     __syncthreads();
-    if (GD_ATTN_WAIT_FIRST) issue_next();
     if (it == 0) GD_TRACE_POINT(2);
     GD_TRACE_TILE(it, n_tiles);
     const int st = it % C::kStages;
@@ -443,17 +409,11 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
 }
 
-// A grid of at most one wave of resident CTAs that claim the items past it (the loop below), for
-// head dims <= 128. At d256 the loop's registers spilled (255 + 76 bytes) and B=8 L=8192 took 5%
-// longer, so d256 keeps a grid of the work capacity, one item per CTA (bench/NOTES.md 54).
-#ifndef GD_ATTN_PERSISTENT
-#define GD_ATTN_PERSISTENT 1
-#endif
-template <int kHeadDim>
-inline constexpr bool kPersistent = GD_ATTN_PERSISTENT != 0 && kHeadDim <= 128;
-
+// kPersistent (attention_policy.h): a grid of at most one wave of resident CTAs that claim the
+// items past it (the loop below); else (d256, where the loop's registers spill) a grid of the work
+// capacity, one item per CTA.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_kernel(const __grid_constant__ KernelParams p) {
   using C = TileConfig<kHeadDim>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -483,9 +443,12 @@ __global__ void __launch_bounds__(kThreads, GD_ATTN_MIN_BLOCKS)
       GD_TRACE_ITEM(w);
       const bool early = !waited;
       waited = true;  // attend() waits (it always reaches griddepcontrol.wait when early)
+      // Narrow layout for <= 8 rows at head dims where its set-up pays, else for long items only:
+      // the choice depends on the item alone (deterministic mode anchors its keys per request),
+      // so outputs stay batch-invariant. Narrow first: the order of the branches is code layout
+      // that the d64 model step feels (NOTES 53).
       if (w.q_len * p.call.group <= 8 &&
-          (kHeadDim >= GD_ATTN_NARROW_MIN_DIM ||
-           (GD_ATTN_NARROW_MIN_KEYS > 0 && w.ke - w.kb >= GD_ATTN_NARROW_MIN_KEYS)))
+          (kHeadDim >= kNarrowMinHeadDim || w.ke - w.kb >= kNarrowMinKeys))
         attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
       else if (w.q_len * p.call.group <= kDecodeRows)
         attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);

@@ -1,8 +1,10 @@
-// Internal, trivially copyable parameters of the attention kernels (passed as __grid_constant__).
+// Internal, trivially copyable parameters of the attention kernels (passed as __grid_constant__),
+// and the kernels' structural constants; their tuning is in attention_policy.h.
 #pragma once
 
 #include <cstdint>
 
+#include "attention/attention_policy.h"
 #include "attention/paged_attention.h"
 #include "common/fast_divmod.h"
 #include "memory/kv_layout.h"
@@ -15,22 +17,7 @@ constexpr int kMaxRows = 64;     // query rows (token x head-in-group) per CTA, 
 constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout (warps split KV)
 constexpr int kPlanThreads = 256;
 constexpr int kNoSplit = 1 << 30;  // chunk size meaning "one chunk" (a multiple of kBlockN)
-#ifndef GD_ATTN_MIN_SPLIT
-#define GD_ATTN_MIN_SPLIT 64
-#endif
-constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;  // adaptive mode never splits finer than this
-// ...and cuts a request into at most kMaxFineChunks chunks shorter than kFineChunkTokens: past
-// that, the extra CTAs and merge inputs cost more than the shorter chunks save (H100, B=1:
-// L=512 is fastest at 8 x 64 keys, L=2048 at 16 x 128 rather than 32 x 64 or 8 x 256, L=4096
-// at 16 x 256 rather than 32 x 128: per layer of a step 11.8 -> 10.3 us, bench/NOTES.md 81).
-#ifndef GD_ATTN_MAX_FINE_CHUNKS
-#define GD_ATTN_MAX_FINE_CHUNKS 16
-#endif
-constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
-#ifndef GD_ATTN_FINE_CHUNK_TOKENS
-#define GD_ATTN_FINE_CHUNK_TOKENS 256
-#endif
-constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
+// Adaptive mode cuts a request into at most this many chunks (sizes the partial buffers).
 constexpr int kMaxAdaptiveChunks = 64;
 
 // Per-request plan written by the device planner. [max_batch (+1)] each.

@@ -37,10 +37,9 @@ struct RequestShape {
 };
 
 __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r, int window) {
-  // The three loads come before any test and the tests are selects, so they are one round trip:
-  // with an early return before the kv_len load (and the slot loaded after the shape) they were a
-  // chain of three on the critical path of every self-planned call (H100, per call B=1 L=2048
-  // 15.1-15.2 -> 14.5-14.7 us, B=8 L=8192 100.8-101.0 -> 100.0-100.2; bench/NOTES.md 84).
+  // The three loads come before any test and the tests are selects, so they are one memory round
+  // trip, not a chain of dependent ones on the critical path of every self-planned call (the
+  // caller issues the slot's load with them; bench/NOTES.md 84).
   const int q0 = p.batch.q_start[r];
   const int q1 = p.batch.q_start[r + 1];
   const int kv = p.batch.kv_len[r];

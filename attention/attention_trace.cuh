@@ -1,6 +1,7 @@
 // Diagnosis builds only (-DGD_ATTN_TRACE=1): per-CTA timestamps of the last attention launch,
-// written by bench_attention to $GD_TRACE_DIR and summarized by scripts/trace-summary.py. In normal
-// builds every macro below is empty.
+// written by bench_attention to $GD_TRACE_DIR and summarized by scripts/perf/trace-summary.py. In
+// normal builds every macro below is empty: no state, no parameter and no instruction is added to
+// the kernels (their SASS is that of a build without the trace points).
 // Record of CTA b, g_attn_trace[b * kTraceFields + f]:
 //   f = 2i, 2i+1: globaltimer, clock64 at point i: 0 entry, 1 work item known, 2 first K/V tile in
 //                 shared memory, 3 attention done, 4 exit (after the split-KV merge, if any)

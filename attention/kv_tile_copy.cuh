@@ -14,27 +14,11 @@
 
 namespace graphdecode::attn {
 
-// K/V copies with an L2 evict-first policy: K/V stream through once, so they should not push the
-// plan, page tables, partials and the next layer's inputs out of L2. H100, two A/B runs: per layer
-// of a step B=8 L=2048 31.5 -> 30.2 us, L=8192 99.4 -> 98.3, B=256 L=2048 724 -> 719; standalone
-// calls within -0.5..+0.2 us (bench/NOTES.md 31, 35).
-#ifndef GD_ATTN_KV_EVICT_FIRST
-#define GD_ATTN_KV_EVICT_FIRST 1
-#endif
-
-// Pipeline depth (head dims <= 128) and CTAs per SM: experiment knobs. H100, B=8 L=32768: 2 stages
-// stream as fast as 3; one CTA per SM with 4 or 6 stages (and the grid sized for it) streams at
-// 74% of copy instead of 97% (bench/NOTES.md 36).
-#ifndef GD_ATTN_STAGES
-#define GD_ATTN_STAGES 3
-#endif
-#ifndef GD_ATTN_MIN_BLOCKS
-#define GD_ATTN_MIN_BLOCKS 2
-#endif
+// Shared-memory geometry of a CTA: Q (kMaxRows rows), then kStages stages of K and of V.
 template <int kHeadDim>
 struct TileConfig {
-  static constexpr int kStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
-  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kStages = kPipelineStages<kHeadDim>;  // attention_policy.h
+  static constexpr int kChunksPerRow = kHeadDim / 8;         // 16-byte chunks per row
   static constexpr int kQElems = kMaxRows * kHeadDim;
   static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
   static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
@@ -47,13 +31,15 @@ struct TileConfig {
 // keys [kb, ke), or on a released page, are zero-filled and never read. A piece's address is
 // kv_element_offset's (memory/kv_layout.h) in bytes, one 32 x 32 -> 64-bit multiply-add (a page
 // of all KV heads is under 2^31 bytes, checked by run()): the copies are most of the instructions
-// a decode CTA issues (69 per piece in the int64 form, 38 in this one; bench/NOTES.md 58).
+// a decode CTA issues, so each piece's address costs as few as possible (bench/NOTES.md 58).
+// Every copy carries an L2 evict-first policy: K/V stream through once, and should not push the
+// plan, page tables, partials and the next layer's inputs out of L2 (NOTES 31, 35).
 // kRolled: a rolled loop (the decode layout: less code to fetch cold), else unrolled (the extend
 // layout's schedule needs it). kFiltered (early start, p.early_kv): only the pieces whose key is
 // (`inside`) or is not (!`inside`) in [lo, hi), i.e. the rows the kernel before may still be
 // writing, or every other row; the others are not touched at all (another commit group fills them).
-// (Reading every page id of the tile first, before any copy, measured 10-50% slower on H100: the
-// per-copy form lets the compiler overlap each lookup with the previous copies.)
+// Each piece looks its page id up just before its copy: the compiler overlaps each lookup with the
+// previous copies (reading every page id of the tile first was slower, NOTES 2, 9, 56).
 template <typename T, int kHeadDim, bool kRolled, bool kFiltered = false>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
                                              T* sK, T* sV, std::uint64_t policy, int lo = 0,
@@ -78,13 +64,8 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
     if (!wanted(key0 + row)) return;
     const int s =
         kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim : swizzled_offset<kHeadDim>(row, ch);
-#if GD_ATTN_KV_EVICT_FIRST
     cp_async_16_policy(sK + s, k + off, valid, policy);
     cp_async_16_policy(sV + s, v + off, valid, policy);
-#else
-    cp_async_16(sK + s, k + off, valid);
-    cp_async_16(sV + s, v + off, valid);
-#endif
   };
   // kPair: rows row and row + kRowsPerPass share a page (the page size is a multiple of twice the
   // step and tiles start at multiples of 64), so one page lookup serves both pieces.

@@ -20,8 +20,6 @@
 namespace graphdecode {
 namespace attn {
 
-constexpr int kDefaultSplitTokens = 1024;
-
 #if GD_ATTN_TRACE
 void clear_trace() {
   static std::vector<unsigned long long> zeros(kTraceCtas * kTraceFields, 0);
@@ -49,15 +47,9 @@ int enable_smem() {
 // Every launch is a programmatic dependent (PDL) of the kernel before it in the stream (the
 // planner, or a layer's other kernels): its CTAs are scheduled while that kernel finishes, and it
 // waits (griddepcontrol.wait) for that kernel's completion and memory before its first global
-// read or write, so the order of the stream is kept.
-#ifndef GD_ATTN_PDL
-#define GD_ATTN_PDL 1
-#endif
-// run_planned(..., PriorWrites::kQueryAndNewKv) reads the work item and the older K/V tiles before
-// that wait (0: it waits first anyway; an A/B knob).
-#ifndef GD_ATTN_EARLY_KV
-#define GD_ATTN_EARLY_KV 1
-#endif
+// read or write, so the order of the stream is kept (bench/NOTES.md 13, 26). With p.early_kv
+// (run_planned(..., PriorWrites::kQueryAndNewKv)) it reads the work item and the older K/V tiles
+// before that wait (NOTES 49).
 template <typename T, int kHeadDim>
 void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
@@ -69,7 +61,7 @@ void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = GD_ATTN_PDL ? 1 : 0;
+  cfg.numAttrs = 1;
   GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim>, kp));
   GD_CHECK_LAUNCH();
 }
@@ -113,17 +105,12 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   int device = 0, sms = 0;
   GD_CUDA(cudaGetDevice(&device));
   GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Adaptive split-KV aims at one wave of resident CTAs: 2 per SM at d128 (4 waves were slower,
-  // bench/NOTES.md 6), 3 at d64 (H100, Llama-1B step B=8 L=4096 1816 -> 1741 us, NOTES 51), 1 at
-  // d256. GD_ATTN_TARGET_WAVES overrides it (an experiment knob).
+  // Adaptive split-KV aims at one wave of resident CTAs (kTargetWaves, attention_policy.h): 2 per
+  // SM at d128, 3 at d64, 1 at d256.
   const int resident = dispatch(c.dtype, c.head_dim,
                                 [](auto t, auto d) { return enable_smem<decltype(t), d.value>(); });
   GD_REQUIRE(resident > 0, "head_dim", c.head_dim, "the attention kernel does not fit on an SM");
-#ifdef GD_ATTN_TARGET_WAVES
-  target_ctas_ = GD_ATTN_TARGET_WAVES * sms;
-#else
-  target_ctas_ = resident * sms;
-#endif
+  target_ctas_ = (kTargetWaves > 0 ? kTargetWaves : resident) * sms;
 
   const long long tiles_cap = static_cast<long long>(c.max_batch) +
                               (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);
@@ -247,12 +234,11 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.self_plan = self_plan;
-  kp.early_kv =
-      GD_ATTN_EARLY_KV && prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;
+  kp.early_kv = prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;
   dispatch(c.dtype, c.head_dim, [&](auto t, auto d) {
     // One wave of resident CTAs at most; CTAs that finish claim the items past it (kPersistent).
-    // A grid of the work capacity launched up to thousands of CTAs that find no work, which cost
-    // ~4.5 us per call when the capacity was 7 waves (bench/NOTES.md 54).
+    // A grid of the work capacity would launch CTAs that find no work, each of which still pays
+    // its launch and the plan read (bench/NOTES.md 54).
     const std::int64_t grid =
         kPersistent<d.value> ? std::min<std::int64_t>(max_work_, target_ctas_) : max_work_;
     launch<decltype(t), d.value>(kp, static_cast<int>(grid), stream);
@@ -261,10 +247,7 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
 
 void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                          void* out, float* lse, cudaStream_t stream) const {
-#ifndef GD_ATTN_SELF_PLAN
-#define GD_ATTN_SELF_PLAN 1
-#endif
-  if (GD_ATTN_SELF_PLAN && config_.max_batch <= attn::kThreads) {  // a CTA plans it by itself
+  if (config_.max_batch <= attn::kThreads) {  // every CTA plans the batch itself (NOTES 18)
     launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, PriorWrites::kAnything, stream);
     return;
   }

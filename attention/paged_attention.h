@@ -7,9 +7,11 @@
 //   * run() reads lengths, extents, windows and page tables from DEVICE memory only. A tiny
 //     device-side planner turns them into a work list (for max_batch <= 128 every CTA of the
 //     attention kernel plans the batch itself instead: one launch per call); the attention
-//     kernel's grid is sized from capacity and blocks past the work list exit at once; the last
-//     CTA of a split request merges its partials in a fixed order. No host sync, no allocation:
-//     run() can be captured in a graph and replayed with any batch that fits the capacity.
+//     kernel's grid is at most one wave of resident CTAs, which claim the work items past it
+//     (d256: one CTA per work item of the capacity; CTAs past the work list exit at once); the
+//     last CTA of a split request merges its partials in a fixed order. No host sync, no
+//     allocation: run() can be captured in a graph and replayed with any batch that fits the
+//     capacity.
 //
 // Semantics (DESIGN.md, common/request_rules.h):
 //   causal: request r has q_len = q_start[r+1] - q_start[r] new tokens and kv_len[r] = prefix +
@@ -152,7 +154,7 @@ void merge_attention_states(const MergeStatesArgs& args, cudaStream_t stream);
 #if GD_ATTN_TRACE
 namespace attn {  // diagnosis builds only: per-CTA timestamps of the last attention launch
 void clear_trace();
-std::vector<unsigned long long> read_trace();  // [8192 CTAs][20]
+std::vector<unsigned long long> read_trace();  // [kTraceCtas][kTraceFields], attention_trace.cuh
 }  // namespace attn
 #endif
 

@@ -12,16 +12,6 @@
 
 namespace graphdecode::attn {
 
-// Split-KV merge with the next batch of chunks loaded while the current one is summed (see
-// merge_if_last), for head dims >= 128 only: H100, d128 B=1 L=4096 19.6 vs 20.2 us per call,
-// L=8192 24.9 vs 26.5; but the d64 model step (bench_decode B=1, 16 layers) took ~25 us longer
-// with it (1389 vs 1362 us at L=1024, twice) and verify N=8 at d128 ~5 us (0.6%) longer.
-#ifndef GD_ATTN_MERGE_PREFETCH
-#define GD_ATTN_MERGE_PREFETCH 1
-#endif
-template <int kHeadDim>
-inline constexpr bool kMergePrefetch = (GD_ATTN_MERGE_PREFETCH != 0) && kHeadDim >= 128;
-
 // Acquire-release atomic add at GPU scope (returns the old value).
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* addr, int v) {
   int old;
@@ -36,17 +26,17 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* addr, int v) {
 // its chunk merges all chunks of those rows, in chunk order (so the result does not depend on which
 // CTA came last), writes out/lse and resets the counter for the next launch or graph replay.
 // One pass with a running maximum, 4 dims per thread, chunks loaded kMergeBatch at a time: a merge
-// of up to 8 chunks costs one L2 round trip after the arrival count. (A loop whose body branches
-// on each loaded lse serialized the loads: +10 us at 33 chunks on the H100.)
+// of up to kMergeBatch chunks costs one L2 round trip after the arrival count. (A loop whose body
+// branches on each loaded lse serializes the loads, NOTES 14.) With kMergePrefetch (head dims >=
+// 128, attention_policy.h) the next batch's loads are in flight while this one is summed.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkItem& w,
                                               int* s_last) {
   // Arrival in CUTLASS's semaphore form: after the barrier thread 0 alone counts with an acq_rel
   // atomic. The release is cumulative over the barrier (every thread's partial stores are visible
   // device-wide before the count); the acquire, then the barrier, order the last CTA's partial
-  // reads after it. Was: every thread's __threadfence (fence.sc.gpu) before the count and again
-  // after it: H100, per call B=1 L=4096 19.2-19.3 -> 18.7 us, B=8 L=32768 366.2-366.3 -> 365.4
-  // (bench/NOTES.md 79).
+  // reads after it. No separate fence: full fences (fence.sc.gpu) in every thread were about a
+  // third of a small merge's time (bench/NOTES.md 79).
   __syncthreads();
   int* counter = p.merge_count + (w.item - w.chunk);
   if (threadIdx.x == 0) {
@@ -69,7 +59,6 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
     float mmax = -INFINITY, wsum = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     // Chunks in batches of kMergeBatch, in chunk order (the sum is deterministic): all loads of a
     // batch are issued before any is used, then one rescale to the batch's maximum.
-    constexpr int kMergeBatch = 8;
     const auto load = [&](int c0, float(&lc)[kMergeBatch], float4(&v)[kMergeBatch]) {
 #pragma unroll
       for (int k = 0; k < kMergeBatch; ++k) {

@@ -99,19 +99,14 @@ __device__ __forceinline__ bool planned_work_item(const KernelParams& p, int ite
   return fill_work_item(p, item, src, w);
 }
 
-// kAlonePlan: a batch of one request is planned by that request's thread alone (plan_round's
-// kAlone form: no scans, one barrier to hand the item over), the same plan. For head dims >= 128:
-// H100, d128 per call at B=1 0.3-0.6 us faster at every L (L=2048 14.4-14.6 -> 14.1-14.3 us,
-// L=4096 17.3-17.6 -> 16.8-17.0); in the d64 kernel the extra code cost the Llama-1B step 3-16 us
-// per step though no step plans in the CTA (code layout, bench/NOTES.md 53, 91).
-template <int kHeadDim>
-inline constexpr bool kAlonePlan = kHeadDim >= 128;
-
 // Planned inside the CTA (p.self_plan; the batch has at most kThreads requests): thread i reads
 // request i, the block runs the planner's passes (same functions, so the same plan), and the
 // thread whose request owns `item` hands its fields over through shared memory. This removes the
-// planner launch and its grid-completion wait from a standalone call (H100, B=1 L=2048: 17.6 ->
-// 16.1 us per call; the planning code each CTA now fetches cold is most of what remains).
+// planner launch and its grid-completion wait from a standalone call (bench/NOTES.md 18); what a
+// CTA pays instead is the planning code, fetched cold (NOTES 88).
+// kAlone (kAlonePlan, attention_policy.h): a batch of one request is planned by that request's
+// thread alone (plan_round's kAlone form: no scans, one barrier to hand the item over), the same
+// plan.
 template <bool kAlone>
 __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, int item, WorkItem& w,
                                                        int& total) {

@@ -8,7 +8,7 @@
 // 64-key tiles, a page-table lookup per 16-byte piece, swizzled shared-memory rows, shuffled or
 // in-order pages, with or without the kernel's L2 evict-first policy; mode 8 = mode 6 with the
 // attention kernel's 112 KB of shared memory per CTA (96 KB otherwise). Then three recorded runs of
-// mode 6: when each CTA ends, to compare with the kernel's trace (scripts/trace-summary.py).
+// mode 6: when each CTA ends, to compare with the kernel's trace (scripts/perf/trace-summary.py).
 //   build/bench/probe_stream_order      (median of 50 runs per mode, modes interleaved)
 #include <cuda_runtime.h>
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B on the device: the working tree against the same tree with ./ab-old.patch (a `git diff`
 # saved at the repo root, untracked) reversed; builds bench_attention for both, then runs every
-# argument string on both.   git diff > ab-old.patch; scripts/ab-patch.sh "--small-batch" ...
+# argument string on both.   git diff > ab-old.patch; scripts/perf/ab-patch.sh "--small-batch" ...
 # GD_AB_DECODE="--context 1024": also build bench_decode and run it twice per tree (old, new, old,
 # new: the model step moves with code layout, so one run of each says little).
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 rm -rf /tmp/old && mkdir /tmp/old && cp -r $(ls -A | grep -v '^build') /tmp/old/ && (cd /tmp/old && patch -R -p1 -s < ab-old.patch) || { echo patch failed; exit 1; }
 for d in . /tmp/old; do

@@ -3,7 +3,7 @@
 # same decode shape (ncu, clocks not locked): time, DRAM bytes and throughput, L2 traffic and hit
 # rate, instructions; for the peer also its launch (grid, block, registers, shared memory, waves).
 # Tells a difference in bytes moved from one in how well they stream; SM, L2 and DRAM clocks.
-#   scripts/ncu-memory.sh BUILD_DIR B L
+#   scripts/perf/ncu-memory.sh BUILD_DIR B L
 set -uo pipefail
 build=$1 b=$2 l=$3
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum

@@ -3,9 +3,9 @@
 # and SDPA-flash (the peer) at several context lengths L for B in GD_SLOPE_BATCHES, then a least
 # squares line time = fixed + per_key * L per method and column (bench/NOTES.md 64).
 # Ours runs on each K/V layout of GD_SLOPE_LAYOUTS ("shuffled page 16" is the table's).
-#   scripts/stream-slope.sh            (on the device; logs and slope.txt in $OUT)
+#   scripts/perf/stream-slope.sh            (on the device; logs and slope.txt in $OUT)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"

@@ -2,13 +2,13 @@
 # ncu of the attention kernel inside the model step (bench_decode), for build variants: each
 # kernel node profiled serialized with warm caches (--cache-control none), so the numbers are the
 # kernel's own in the model's context (no overlap). Builds bench_decode per variant.
-#   scripts/ncu-model-attention.sh "B" "L" "" "-DGD_ATTN_NARROW_MIN_DIM=64" ...
+#   scripts/perf/ncu-model-attention.sh "B" "L" "" "-DGD_ATTN_NARROW_MIN_DIM=64" ...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 b=$1 l=$2
 shift 2
-bash scripts/build-variants.sh build-nm bench_decode "$@"
+bash scripts/perf/build-variants.sh build-nm bench_decode "$@"
 i=0
 for defs in "$@"; do
   echo "=== variant: ${defs:-default}"
@@ -33,7 +33,7 @@ if [ -n "${GD_NCU_STALLS:-}" ]; then
       --launch-count 1 -f -o "$out" build-nm$i/bench/bench_decode --batches "$b" --context "$l" \
       --reps 5 > "$out.log" 2>&1 || echo "ncu failed"
     ncu -i "$out.ncu-rep" --page source --csv --print-source sass > "$out.sass.csv" 2>&1
-    python3 scripts/ncu-stalls.py "$out.sass.csv" "${GD_NCU_TOP:-30}"
+    python3 scripts/perf/ncu-stalls.py "$out.sass.csv" "${GD_NCU_TOP:-30}"
     i=$((i + 1))
   done
 fi

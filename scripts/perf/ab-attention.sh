@@ -2,15 +2,15 @@
 # A/B of attention tuning knobs on the device: builds bench_attention once per variant (compile
 # definitions such as GD_ATTN_MIN_SPLIT, GD_ATTN_TARGET_WAVES; builds run in parallel) into
 # build-ab0, build-ab1, ... and runs each on the given bench arguments.
-#   scripts/ab-attention.sh "--small-batch" "" "-DGD_ATTN_MIN_SPLIT=512" ...
+#   scripts/perf/ab-attention.sh "--small-batch" "" "-DGD_ATTN_MIN_SPLIT=512" ...
 # ARGS may hold several runs separated by ';' ("--shape 8,8192;--shape 8,32768").
 # GD_AB_DECODE="--context 1024": also build and run bench_decode (the model step) per variant.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 args=$1
 shift
-bash scripts/build-variants.sh build-ab "bench_attention ${GD_AB_DECODE:+bench_decode}" "$@"
+bash scripts/perf/build-variants.sh build-ab "bench_attention ${GD_AB_DECODE:+bench_decode}" "$@"
 i=0
 for defs in "$@"; do
   echo "=== variant: ${defs:-default}"

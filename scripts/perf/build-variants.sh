@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds TARGETS once per variant (compile definitions), the variants in parallel, into PREFIX0,
 # PREFIX1, ... (logs beside them as PREFIXi.log). Tests and examples are not configured.
-#   scripts/build-variants.sh build-ab "bench_attention bench_decode" "" "-DGD_ATTN_STAGES=2" ...
+#   scripts/perf/build-variants.sh build-ab "bench_attention bench_decode" "" "-DGD_ATTN_STAGES=2" ...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 prefix=$1 targets=$2
 shift 2

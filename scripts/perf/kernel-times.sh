@@ -2,9 +2,9 @@
 # Device time of every kernel launch of one bench_attention shape (ncu, graph nodes profiled one by
 # one), summarized by kernel name in launch order: tells the planner's time from the attention
 # kernel's in the `us` (plan + attention) and `layer us` (attention only) graphs.
-#   scripts/kernel-times.sh BUILD_DIR B,L[,N]
+#   scripts/perf/kernel-times.sh BUILD_DIR B,L[,N]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=$1 shape=$2
 ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --clock-control none \
   "$build/bench/bench_attention" --shape "$shape" --reps 50 2>/dev/null |

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Top SASS instructions by warp-stall samples from `ncu --page source --csv` output.
 
-  python3 scripts/ncu-stalls.py prof.sass.csv [TOP]
+  python3 scripts/perf/ncu-stalls.py prof.sass.csv [TOP]
 
 Prints the sample total, then the TOP instructions (default 40) with their share of all samples
 and the stall-reason columns that are non-zero for them, in program order of the hot spots.

@@ -3,7 +3,7 @@
 
   ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --launch-count N \
       build-gpu/bench/bench_decode --batches B --context L --reps 5 --no-flush > prof.csv
-  python3 scripts/profile-decode.py prof.csv
+  python3 scripts/perf/profile-decode.py prof.csv
 
 A step starts at the first table-apply kernel of the prep; the last complete step is summed by
 kernel name (time in us, count), largest first.

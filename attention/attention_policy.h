@@ -1,0 +1,112 @@
+// Tuning policy of the paged attention kernels: every measured choice, in one place. Each constant
+// carries one line of provenance: the bench/NOTES.md entry that chose it and the figure that
+// decided (H100 80GB HBM3; decode, 32 q / 8 KV heads, head dim 128, bf16, page 16, shuffled pages
+// unless the line says otherwise; "call" = one standalone run(), "step" = per layer of a step
+// graph; see docs/performance.md for the methods). Structural constants (tile sizes, threads per
+// CTA, the layouts' row counts) are in attention_params.cuh: they are the kernel's shape, not a
+// tuning.
+//
+// Sweeps: the constants whose default is a GD_ATTN_* macro below can be overridden by a compile
+// definition of that name (e.g. -DGD_ATTN_STAGES=4) for the A/B scripts under scripts/perf/, which
+// build variants side by side; the default build defines none of them. They are kept overridable
+// because a new GPU (or a new model shape in bench_decode) is likely to move them. No other file
+// of the library reads a GD_ATTN_* macro, except GD_ATTN_TRACE (attention_trace.cuh).
+#pragma once
+
+namespace graphdecode::attn {
+
+// ---- pipeline and occupancy --------------------------------------------------------------------
+
+// K/V tiles (64 keys) in flight per CTA, head dims <= 128.
+// 3: NOTES 65, B=8 L=32768 call 367.7 us vs 369.2 at 2 stages waiting first, 372.9 at 2 (also 36).
+#ifndef GD_ATTN_STAGES
+#define GD_ATTN_STAGES 3
+#endif
+// d256 takes 2 (160 KB of shared memory, one CTA per SM); 3 was not measured there.
+template <int kHeadDim>
+inline constexpr int kPipelineStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
+
+// __launch_bounds__ minimum CTAs per SM (a register cap; shared memory sets the residency).
+// 2: NOTES 36, B=8 L=8192 call 103.8 us vs 134.2 at 1 per SM with 4 stages (48: 3 per SM worse).
+#ifndef GD_ATTN_MIN_BLOCKS
+#define GD_ATTN_MIN_BLOCKS 2
+#endif
+inline constexpr int kMinBlocksPerSm = GD_ATTN_MIN_BLOCKS;
+
+// ---- adaptive split-KV -------------------------------------------------------------------------
+
+// Waves of CTAs the adaptive split aims at; 0 = one wave of resident CTAs (occupancy x SMs).
+// 0: NOTES 17 (d128 2 per SM: B=8 L=2048 call 36.7 us vs 45.8 at 3 waves), 51 (d64 3 per SM:
+// Llama-1B step B=8 L=4096 1740.6 us vs 1818.5 at 2), 33 (6-24 waves worse everywhere).
+#ifndef GD_ATTN_TARGET_WAVES
+#define GD_ATTN_TARGET_WAVES 0
+#endif
+inline constexpr int kTargetWaves = GD_ATTN_TARGET_WAVES;
+
+// The adaptive split never cuts finer than this many keys (a multiple of kBlockN).
+// 64: NOTES 11, B=1 L=512 per layer 12.9 us vs 14.7 at 128 keys and 18.4 at 256.
+#ifndef GD_ATTN_MIN_SPLIT
+#define GD_ATTN_MIN_SPLIT 64
+#endif
+inline constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;
+
+// ...and cuts a request into at most kMaxFineChunks chunks shorter than kFineChunkTokens keys:
+// past that, the extra CTAs and merge inputs cost more than the shorter chunks save.
+// 16: NOTES 81 (8: B=1 L=2048 step 8.5 us vs 7.7), 93 (24: B=1 L=4096 call 17.6-17.8 vs 17.3-17.5).
+#ifndef GD_ATTN_MAX_FINE_CHUNKS
+#define GD_ATTN_MAX_FINE_CHUNKS 16
+#endif
+inline constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
+// 256: NOTES 81, B=1 L=4096 step 10.3 us vs 11.8 at 128 keys (model step 1407.2 vs 1418.0 us).
+#ifndef GD_ATTN_FINE_CHUNK_TOKENS
+#define GD_ATTN_FINE_CHUNK_TOKENS 256
+#endif
+inline constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
+
+// Deterministic mode's chunk size when AttentionConfig::split_tokens is 0 (keys).
+// 1024: first version's, not swept (NOTES 92: verify B=64 L=8192 N=4 756.8 us vs 718.9 adaptive).
+inline constexpr int kDefaultSplitTokens = 1024;
+
+// ---- decode layouts ----------------------------------------------------------------------------
+
+// The narrow decode layout (<= 8 rows, keys as the mma's M dimension) from this head dim up...
+// 128: NOTES 50, at d64 it cost the Llama-1B step B=1 L=1024 1400.9 us vs 1362.7 (cold set-up).
+#ifndef GD_ATTN_NARROW_MIN_DIM
+#define GD_ATTN_NARROW_MIN_DIM 128
+#endif
+inline constexpr int kNarrowMinHeadDim = GD_ATTN_NARROW_MIN_DIM;
+// ...and below it for work items of at least this many keys, whose loop outweighs the set-up
+// (a sweep turns it off with a value above max_kv_len).
+// 1024: NOTES 53, Llama-1B step B=64 L=4096 5030.6 us vs 5302.0 without; 512 lost at B=8 L=4096.
+#ifndef GD_ATTN_NARROW_MIN_KEYS
+#define GD_ATTN_NARROW_MIN_KEYS 1024
+#endif
+inline constexpr int kNarrowMinKeys = GD_ATTN_NARROW_MIN_KEYS;
+
+// ---- per head dim: code that pays at d128 and up but not in the d64 model step -----------------
+// (The d64 kernels run inside the Llama-1B step, where the kernel's code arrives cold between
+// other kernels and its layout alone moves the step by ~1%: NOTES 53, 62.)
+
+// The split merge loads the next batch of chunks while it sums the current one.
+// >= 128: NOTES 30, d128 B=1 L=4096 call 19.6 us vs 20.2; at d64 the model step took 1389 vs 1362.
+template <int kHeadDim>
+inline constexpr bool kMergePrefetch = kHeadDim >= 128;
+
+// A batch of one request is planned by its own thread, no block scans (self-planned calls).
+// >= 128: NOTES 91, d128 B=1 L=4096 call 17.1-17.2 us vs 17.7-17.8; d64 step 1361.4 vs 1345.3.
+template <int kHeadDim>
+inline constexpr bool kAlonePlan = kHeadDim >= 128;
+
+// A grid of at most one wave of resident CTAs that claim the items past it (else one CTA per
+// work item of the capacity).
+// <= 128: NOTES 54, d256 with the claim loop spilled 76 bytes: B=8 L=8192 call 222.7 us vs 211.3.
+template <int kHeadDim>
+inline constexpr bool kPersistent = kHeadDim <= 128;
+
+// ---- split merge -------------------------------------------------------------------------------
+
+// Partial states loaded per batch (all loads of a batch issued before any is used).
+// 8: NOTES 14 (B=1 L=32768 layer 58.0 us vs 67.8 branching per chunk), 21 (16: L=512 13.6 vs 12.9).
+inline constexpr int kMergeBatch = 8;
+
+}  // namespace graphdecode::attn
