@@ -90,10 +90,11 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
   return prefix;
 }
 
-// The exact whole-row algorithm, as the definition reads (the plan's fallback).
+// The exact whole-row algorithm, as the definition reads (the plan's fallback). Returns the token;
+// `keep` gets the smallest kept key, `z` the kept set's mass when the caller wants row stats.
 template <typename T>
 __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top, int greedy,
-                         ResolveShared& sh) {
+                         ResolveShared& sh, u32& keep, u64& z) {
   const SamplingArgs& a = L.a;
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
@@ -114,6 +115,8 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
         [&](u64 total) { return top_p_target(rp.top_p, total); }, sh.hist64, sh);
   }
   const std::uint64_t seed = a.seed[r], step = a.step[r];
+  const bool sum_z = a.row_stats != nullptr;
+  u64 zt = 0;
   ScoreMax m;
   for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
     float v[4];
@@ -123,6 +126,7 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
       const int i = 4 * g + j;
       v[j] = i < vocab ? to_float(row[i]) : -INFINITY;
       any |= i < vocab && key_of(v[j]) >= thr && scaled_logit(v[j], top, rp.inv_t) >= -kGumbelSpan;
+      if (sum_z && i < vocab && key_of(v[j]) >= thr) zt += mass_of(v[j], top, rp.inv_t);
     }
     if (!any) continue;
     const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(g));
@@ -132,7 +136,14 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
         offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
   }
   const u64 best = block_max<kResolveThreads>(m.best, sh.red);
+  if (sum_z) z = block_sum<kResolveThreads>(zt, sh.red);
+  keep = thr;
   return best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+}
+
+// The stats of a row whose token is its argmax (sampling.h, SamplingRowStats).
+__device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
+  return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
 }
 
 // One sampled row (all threads).
@@ -153,6 +164,8 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
   const int n = static_cast<int>(sh.n);
   SamplingPath path = SamplingPath::kFast;
   int token = greedy;
+  u32 keep = 0;  // the kept set's smallest key and exact mass (row stats)
+  u64 z = 0;
   // The plan's candidate count can undercount (the top-k histogram skips logits below its
   // bound), so the list's real length decides.
   if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
@@ -214,16 +227,26 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       u64 best = block_max<kResolveThreads>(m.best, sh.red);
       best = best > sh.best ? best : sh.best;
       token = best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+      if (a.row_stats != nullptr) {  // Z = the sure-kept mass + the kept candidates'
+        u64 zc = 0;
+        for (int i = tid; i < n; i += kResolveThreads) {
+          const u32 key = key_at(i);
+          if (key >= thr && in_range(key)) zc += mass_of(key_to_float(key), top, rp.inv_t);
+        }
+        z = sh.s_hi + block_sum<kResolveThreads>(zc, sh.red);
+        keep = thr;
+      }
     } else {
       path = SamplingPath::kExactCheck;
     }
   } else {
     path = SamplingPath::kExactOverflow;
   }
-  if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh);
+  if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh, keep, z);
   if (tid == 0) {
     a.tokens[r] = token;
     if (a.path) a.path[r] = static_cast<std::int32_t>(path);
+    if (a.row_stats) a.row_stats[r] = SamplingRowStats{z, top, rp.inv_t, keep, -1};
   }
 }
 
@@ -247,6 +270,7 @@ __global__ void __launch_bounds__(kResolveThreads)
       if (threadIdx.x == 0) {
         L.a.tokens[r] = plan.greedy;
         if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
+        if (L.a.row_stats) L.a.row_stats[r] = point_stats(plan.top, plan.greedy);
       }
       continue;
     }
