@@ -22,6 +22,7 @@ struct ResolveShared {
   u64 rem;
   u64 s_hi, s_mid, best;
   u32 n;
+  u32 keep;  // the smallest kept key (row stats), set before the draw's block_max
 };
 
 // Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
@@ -90,11 +91,10 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
   return prefix;
 }
 
-// The exact whole-row algorithm, as the definition reads (the plan's fallback). Returns the token;
-// `keep` gets the smallest kept key, `z` the kept set's mass when the caller wants row stats.
+// The exact whole-row algorithm, as the definition reads (the plan's fallback).
 template <typename T>
 __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top, int greedy,
-                         ResolveShared& sh, u32& keep, u64& z) {
+                         ResolveShared& sh) {
   const SamplingArgs& a = L.a;
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
@@ -115,8 +115,6 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
         [&](u64 total) { return top_p_target(rp.top_p, total); }, sh.hist64, sh);
   }
   const std::uint64_t seed = a.seed[r], step = a.step[r];
-  const bool sum_z = a.row_stats != nullptr;
-  u64 zt = 0;
   ScoreMax m;
   for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
     float v[4];
@@ -126,7 +124,6 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
       const int i = 4 * g + j;
       v[j] = i < vocab ? to_float(row[i]) : -INFINITY;
       any |= i < vocab && key_of(v[j]) >= thr && scaled_logit(v[j], top, rp.inv_t) >= -kGumbelSpan;
-      if (sum_z && i < vocab && key_of(v[j]) >= thr) zt += mass_of(v[j], top, rp.inv_t);
     }
     if (!any) continue;
     const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(g));
@@ -135,10 +132,38 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
       if (4 * g + j < vocab && key_of(v[j]) >= thr)
         offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
   }
+  if (threadIdx.x == 0) sh.keep = thr;  // read after block_max's barriers
   const u64 best = block_max<kResolveThreads>(m.best, sh.red);
-  if (sum_z) z = block_sum<kResolveThreads>(zt, sh.red);
-  keep = thr;
   return best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+}
+
+// SamplingArgs::row_stats of a sampled row: its kept set {key >= keep} and their exact mass Z. On
+// the fast path Z is the filter's sure-kept mass plus the kept candidates' (those in [lo, hi]: the
+// others lie below the threshold); on the exact path one more pass over the row (the rare
+// fallback). Not inlined: the row loop's registers stay as they were without stats.
+template <typename T>
+__device__ __noinline__ void write_row_stats(const Launch& L, int r, const RowParams& rp, float top,
+                                             bool fast, const u64* cs, int n, int lo, int hi,
+                                             ResolveShared& sh) {
+  const SamplingArgs& a = L.a;
+  const u32 keep = sh.keep;
+  u64 z = 0;
+  if (fast) {
+    for (int i = threadIdx.x; i < n; i += kResolveThreads) {
+      const u32 key = static_cast<u32>(cs[i] >> 32);
+      const int d = static_cast<int>(bucket_of(key));
+      if (key >= keep && d >= lo && d <= hi) z += mass_of(key_to_float(key), top, rp.inv_t);
+    }
+  } else {
+    const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+    for (int i = threadIdx.x; i < a.vocab; i += kResolveThreads) {
+      const float v = to_float(row[i]);
+      if (key_of(v) >= keep) z += mass_of(v, top, rp.inv_t);
+    }
+  }
+  z = block_sum<kResolveThreads>(z, sh.red);
+  if (threadIdx.x == 0)
+    a.row_stats[r] = SamplingRowStats{(fast ? sh.s_hi : 0ull) + z, top, rp.inv_t, keep, -1};
 }
 
 // The stats of a row whose token is its argmax (sampling.h, SamplingRowStats).
@@ -164,8 +189,6 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
   const int n = static_cast<int>(sh.n);
   SamplingPath path = SamplingPath::kFast;
   int token = greedy;
-  u32 keep = 0;  // the kept set's smallest key and exact mass (row stats)
-  u64 z = 0;
   // The plan's candidate count can undercount (the top-k histogram skips logits below its
   // bound), so the list's real length decides.
   if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
@@ -214,6 +237,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       }
     }
     if (ok) {
+      if (tid == 0) sh.keep = thr;  // read after block_max's barriers
       const std::uint64_t seed = a.seed[r], step = a.step[r];
       ScoreMax m;
       m.floor = packed_key(sh.best);  // the sure-kept tokens' best score
@@ -227,26 +251,19 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       u64 best = block_max<kResolveThreads>(m.best, sh.red);
       best = best > sh.best ? best : sh.best;
       token = best != 0 ? static_cast<int>(packed_index(best)) : greedy;
-      if (a.row_stats != nullptr) {  // Z = the sure-kept mass + the kept candidates'
-        u64 zc = 0;
-        for (int i = tid; i < n; i += kResolveThreads) {
-          const u32 key = key_at(i);
-          if (key >= thr && in_range(key)) zc += mass_of(key_to_float(key), top, rp.inv_t);
-        }
-        z = sh.s_hi + block_sum<kResolveThreads>(zc, sh.red);
-        keep = thr;
-      }
     } else {
       path = SamplingPath::kExactCheck;
     }
   } else {
     path = SamplingPath::kExactOverflow;
   }
-  if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh, keep, z);
+  if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh);
   if (tid == 0) {
     a.tokens[r] = token;
     if (a.path) a.path[r] = static_cast<std::int32_t>(path);
-    if (a.row_stats) a.row_stats[r] = SamplingRowStats{z, top, rp.inv_t, keep, -1};
+  }
+  if (a.row_stats != nullptr) {
+    write_row_stats<T>(L, r, rp, top, path == SamplingPath::kFast, cs, n, plan.lo, plan.hi, sh);
   }
 }
 

@@ -5,7 +5,6 @@
 // finds the token inside the segment that holds the target.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <string>
 
 #include "common/cuda_check.h"
@@ -284,13 +283,13 @@ void accept_sampled(const AcceptSampledArgs& args, cudaStream_t stream) {
                "must be >= max_rows (rows between draft positions)");
   }
   GD_REQUIRE(a.aux != nullptr, "aux", "nullptr", "the seeds and accept limits are read from it");
-  const std::int32_t top_word = std::max({a.seed_lo_word, a.seed_hi_word, a.accept_limit_word});
-  GD_REQUIRE(a.seed_lo_word >= 0 && a.seed_hi_word >= 0 && a.accept_limit_word >= 0, "aux word",
-             std::min({a.seed_lo_word, a.seed_hi_word, a.accept_limit_word}),
-             "word indices cannot be negative");
-  GD_REQUIRE(
-      a.aux_words > top_word, "aux_words", a.aux_words,
-      "must hold the seed and accept-limit words (largest index " + std::to_string(top_word) + ")");
+  GD_REQUIRE(a.aux_words > 0, "aux_words", a.aux_words, "must be positive");
+  GD_REQUIRE(a.seed_lo_word >= 0 && a.seed_lo_word < a.aux_words, "seed_lo_word", a.seed_lo_word,
+             "must be a word of aux ([0, aux_words))");
+  GD_REQUIRE(a.seed_hi_word >= 0 && a.seed_hi_word < a.aux_words, "seed_hi_word", a.seed_hi_word,
+             "must be a word of aux ([0, aux_words))");
+  GD_REQUIRE(a.accept_limit_word >= 0 && a.accept_limit_word < a.aux_words, "accept_limit_word",
+             a.accept_limit_word, "must be a word of aux ([0, aux_words))");
   GD_REQUIRE(a.out != nullptr, "out", "nullptr", "must be non-null");
   GD_REQUIRE(a.stride >= a.k + 2, "stride", a.stride, "must hold a count and k + 1 tokens");
   GD_REQUIRE(a.max_rows >= 1, "max_rows", a.max_rows, "must be positive");
