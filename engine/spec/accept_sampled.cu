@@ -149,8 +149,11 @@ __device__ int residual_token(const Request<T>& req, int i, int x, ResidualShare
   if (p.row == nullptr) return p.point;  // a point mass: max(0, p - q) lives on its token
   const Dist<T> q = req.draft(i, x);
   const int vocab = req.a.vocab;
-  auto weight = [&](int y) {
-    return accept_rules::residual_weight(p.mass(y), p.z, q.mass(y), q.z);
+  // max(0, p - q) is 0 wherever p is: tokens outside p's kept set (most of a top-k / top-p row)
+  // or of zero mass skip the draft's row and the 128-bit products.
+  auto weight = [&](int y) -> u128 {
+    const u64 mp = p.mass(y);
+    return mp == 0 ? u128{0} : accept_rules::residual_weight(mp, p.z, q.mass(y), q.z);
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seg_len = ((vocab + kSegments - 1) / kSegments + 31) / 32 * 32;
