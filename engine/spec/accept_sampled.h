@@ -13,8 +13,12 @@
 //   the token's position); on the first rejection commit a token drawn from
 //   normalize(max(0, p_i - q_i)) (exact integer weights, inverse CDF in index order with a 128-bit
 //   uniform; a point-mass p_i commits its token) and stop.
-// If all c drafts are accepted, the last token is the target's own sample of row r(k+1) + c (the
-// sampler drew it from p_c with noise no draft shares).
+// If all c drafts are accepted, the last token is the target's own sample of row r(k+1) + c, an
+// exact draw from p_c: the sampler's Gumbel noise of that position is shared only by draft d_{c+1}
+// (the engine's draft and target samplers use the same seed and position), which is then not
+// committed, and the accept / residual words come from other Philox streams
+// (accept_sampled_rules.h). A greedy request (point masses on both sides) commits exactly what
+// accept_greedy commits.
 // Output as accept.h: out[r * stride] = a + 1, then d_1 .. d_a and the last token.
 // The decisions take one warp and two loads per draft (the sampler's row stats carry each row's
 // exact Z); a rejection costs one pass over the two rows of the rejected position.
