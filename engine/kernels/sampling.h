@@ -54,6 +54,22 @@ enum class SamplingPath : std::int32_t {
   kExactCheck = 3,     // the plan's range missed the top-p threshold: decided over the whole row
 };
 
+// The distribution a live row's token was drawn from (SamplingArgs::row_stats), for speculative
+// acceptance (engine/spec/accept_sampled.h), which needs p(x) of any token x:
+//   point_token >= 0: a point mass at that token (greedy rows, and sampled rows decided by their
+//     argmax: a non-finite max or 1 / T); the other fields then only describe the row.
+//   point_token = -1: the kept set is {i : key_of(l_i) >= keep_key} (sampling_math.h; 0 = every
+//     token), token i of it has the integer mass mass_of(l_i, max_logit, inv_temperature), and
+//     total_mass is their exact sum Z, so p(i) = mass_i / Z. The kernel that knows the exact
+//     thresholds writes it; Z is summed in integers, independent of the grid.
+struct SamplingRowStats {
+  std::uint64_t total_mass;  // Z over the kept set (1 for a point mass)
+  float max_logit;           // the row's max logit: the reference of every mass
+  float inv_temperature;     // 1 / T (0 for greedy rows)
+  std::uint32_t keep_key;    // smallest kept order key
+  std::int32_t point_token;  // >= 0: the row is a point mass at this token; -1: sampled
+};
+
 struct SamplingArgs {
   const void* logits = nullptr;  // [max_rows][row_stride] float or bf16 bits (logits_type)
   LogitsType logits_type = LogitsType::kFloat32;
@@ -75,6 +91,10 @@ struct SamplingArgs {
   std::int32_t* path = nullptr;      // optional [max_rows] out: SamplingPath of each live row
   std::int32_t candidate_limit = 0;  // 0 = the workspace's capacity; tests lower it to force the
                                      // exact whole-row path
+  // Optional [max_rows] out: each live row's distribution (SamplingRowStats); nullptr = not
+  // written and not computed. With it, rows without top-p also sum their exact masses (an expf
+  // per token in the filter pass).
+  SamplingRowStats* row_stats = nullptr;
 };
 
 constexpr std::int32_t kMaxSamplingVocab = 1 << 22;

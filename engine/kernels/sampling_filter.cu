@@ -35,6 +35,9 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   const std::uint64_t seed = a.seed[r], step = a.step[r];
   u64* cand = L.ws.cand(r);
   u64 s_hi = 0, s_mid = 0;
+  // The sure-kept tokens' exact mass: top-p's total needs it, and so does the row's Z when the
+  // caller asks for row stats (then every row sums it).
+  const bool sum_hi = rp.p_on || a.row_stats != nullptr;
   ScoreMax m;
   m.floor = packed_key(__ldcg(&st.best));  // a score other CTAs of the row already reached
 #pragma unroll
@@ -47,7 +50,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
       const float x = scaled_logit(v[j][e], top, rp.inv_t);
       const int d = static_cast<int>(bucket_of(key_of(v[j][e])));
       if (d > hi) {  // kept for sure
-        if (rp.p_on) s_hi += mass_of_x(x);
+        if (sum_hi) s_hi += mass_of_x(x);
         if (x >= -kGumbelSpan) score_bits |= 1u << e;
       } else if (d >= lo || d == bk) {
         cand_bits |= 1u << e;

@@ -17,7 +17,8 @@
 //   resolve (sampling_resolve.cu) CTAs looping over rows: the exact thresholds among the
 //           candidates, an exact integer check that [lo, hi] held the top-p threshold, the best
 //           candidate score, the token (every live row's, greedy ones too). Otherwise (overflow,
-//           failed check) the exact whole-row algorithm.
+//           failed check) the exact whole-row algorithm. With SamplingArgs::row_stats, each row's
+//           kept set and exact Z (the filter then sums the sure-kept mass of every row).
 // Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
 // resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
 // resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before

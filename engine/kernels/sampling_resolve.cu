@@ -22,6 +22,7 @@ struct ResolveShared {
   u64 rem;
   u64 s_hi, s_mid, best;
   u32 n;
+  u32 keep;  // the smallest kept key (row stats), set before the draw's block_max
 };
 
 // Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
@@ -131,8 +132,43 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
       if (4 * g + j < vocab && key_of(v[j]) >= thr)
         offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
   }
+  if (threadIdx.x == 0) sh.keep = thr;  // read after block_max's barriers
   const u64 best = block_max<kResolveThreads>(m.best, sh.red);
   return best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+}
+
+// SamplingArgs::row_stats of a sampled row: its kept set {key >= keep} and their exact mass Z. On
+// the fast path Z is the filter's sure-kept mass plus the kept candidates' (those in [lo, hi]: the
+// others lie below the threshold); on the exact path one more pass over the row (the rare
+// fallback). Not inlined: the row loop's registers stay as they were without stats.
+template <typename T>
+__device__ __noinline__ void write_row_stats(const Launch& L, int r, const RowParams& rp, float top,
+                                             bool fast, const u64* cs, int n, int lo, int hi,
+                                             ResolveShared& sh) {
+  const SamplingArgs& a = L.a;
+  const u32 keep = sh.keep;
+  u64 z = 0;
+  if (fast) {
+    for (int i = threadIdx.x; i < n; i += kResolveThreads) {
+      const u32 key = static_cast<u32>(cs[i] >> 32);
+      const int d = static_cast<int>(bucket_of(key));
+      if (key >= keep && d >= lo && d <= hi) z += mass_of(key_to_float(key), top, rp.inv_t);
+    }
+  } else {
+    const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+    for (int i = threadIdx.x; i < a.vocab; i += kResolveThreads) {
+      const float v = to_float(row[i]);
+      if (key_of(v) >= keep) z += mass_of(v, top, rp.inv_t);
+    }
+  }
+  z = block_sum<kResolveThreads>(z, sh.red);
+  if (threadIdx.x == 0)
+    a.row_stats[r] = SamplingRowStats{(fast ? sh.s_hi : 0ull) + z, top, rp.inv_t, keep, -1};
+}
+
+// The stats of a row whose token is its argmax (sampling.h, SamplingRowStats).
+__device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
+  return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
 }
 
 // One sampled row (all threads).
@@ -201,6 +237,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       }
     }
     if (ok) {
+      if (tid == 0) sh.keep = thr;  // read after block_max's barriers
       const std::uint64_t seed = a.seed[r], step = a.step[r];
       ScoreMax m;
       m.floor = packed_key(sh.best);  // the sure-kept tokens' best score
@@ -225,6 +262,9 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     a.tokens[r] = token;
     if (a.path) a.path[r] = static_cast<std::int32_t>(path);
   }
+  if (a.row_stats != nullptr) {
+    write_row_stats<T>(L, r, rp, top, path == SamplingPath::kFast, cs, n, plan.lo, plan.hi, sh);
+  }
 }
 
 // At most one CTA per SM (the candidate list's shared memory), looping over the rows.
@@ -247,6 +287,7 @@ __global__ void __launch_bounds__(kResolveThreads)
       if (threadIdx.x == 0) {
         L.a.tokens[r] = plan.greedy;
         if (L.a.path) L.a.path[r] = static_cast<std::int32_t>(SamplingPath::kGreedy);
+        if (L.a.row_stats) L.a.row_stats[r] = point_stats(plan.top, plan.greedy);
       }
       continue;
     }
