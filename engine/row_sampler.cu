@@ -64,7 +64,8 @@ RowSampler::RowSampler(std::int32_t max_rows, std::int32_t vocab, cudaStream_t s
 }
 
 void RowSampler::enqueue(const StepMetaView& meta, const std::int32_t* aux, const float* logits,
-                         std::int32_t grid_rows, std::int32_t* tokens, cudaStream_t stream) const {
+                         std::int32_t grid_rows, std::int32_t* tokens, cudaStream_t stream,
+                         SamplingRowStats* stats) const {
   const std::int32_t rows = std::clamp(grid_rows, 1, max_rows_);
   UnpackParams u;
   u.aux = aux;
@@ -93,6 +94,7 @@ void RowSampler::enqueue(const StepMetaView& meta, const std::int32_t* aux, cons
   a.vocab = vocab_;
   a.workspace = workspace_.data();
   a.workspace_bytes = workspace_.bytes();
+  a.row_stats = stats;
   sample(a, stream);
 }
 

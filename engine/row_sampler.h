@@ -12,6 +12,7 @@
 #include <span>
 
 #include "common/buffers.h"
+#include "engine/kernels/sampling.h"
 #include "engine/scheduler.h"
 #include "graphs/step_prep.h"
 
@@ -48,8 +49,11 @@ class RowSampler {
   // Capture-safe. tokens[i] = the token of logits row i of `meta` (rows below
   // meta.scalars[kNumLogitRows]; `grid_rows` >= that count sizes the grids), from `logits`
   // ([grid_rows][vocab] float) with the parameters in `aux` ([max_batch][SamplingWords::kCount]).
+  // `stats` ([grid_rows], optional): each row's filtered distribution (SamplingRowStats), for
+  // speculative acceptance.
   void enqueue(const StepMetaView& meta, const std::int32_t* aux, const float* logits,
-               std::int32_t grid_rows, std::int32_t* tokens, cudaStream_t stream) const;
+               std::int32_t grid_rows, std::int32_t* tokens, cudaStream_t stream,
+               SamplingRowStats* stats = nullptr) const;
 
   std::int32_t max_rows() const noexcept { return max_rows_; }
 

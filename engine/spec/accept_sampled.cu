@@ -256,6 +256,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kPublishThreads = 128;
+
+struct PublishLastParams {
+  const std::int32_t* num_requests;
+  const std::int32_t* tokens;
+  std::int32_t* out;
+  std::int32_t stride, max_rows;
+  const std::int32_t* flag_a;
+  const std::int32_t* flag_b;
+};
+
+__global__ void publish_last_kernel(const __grid_constant__ PublishLastParams p) {
+  const std::int32_t r = static_cast<std::int32_t>(blockIdx.x * kPublishThreads + threadIdx.x);
+  if (r == 0) {
+    p.out[static_cast<std::int64_t>(p.max_rows) * p.stride] =
+        (p.flag_a != nullptr ? *p.flag_a : 0) | (p.flag_b != nullptr ? *p.flag_b : 0);
+  }
+  if (r >= p.max_rows || r >= *p.num_requests) return;
+  p.out[static_cast<std::int64_t>(r) * p.stride] = 1;
+  p.out[static_cast<std::int64_t>(r) * p.stride + 1] = p.tokens[r];
+}
+
 }  // namespace
 
 void accept_sampled(const AcceptSampledArgs& args, cudaStream_t stream) {
@@ -301,6 +323,18 @@ void accept_sampled(const AcceptSampledArgs& args, cudaStream_t stream) {
     accept_sampled_kernel<float><<<grid, kThreads, 0, stream>>>(a);
   else
     accept_sampled_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  GD_CHECK_LAUNCH();
+}
+
+void publish_last_tokens(const StepMetaView& meta, const std::int32_t* tokens,
+                         std::int32_t max_rows, std::int32_t* out, std::int32_t stride,
+                         const std::int32_t* flag_a, const std::int32_t* flag_b,
+                         cudaStream_t stream) {
+  GD_REQUIRE(stride >= 2 && max_rows >= 1, "stride", stride, "needs a count and a token");
+  PublishLastParams p{
+      meta.scalars + StepMetaLayout::kNumRequests, tokens, out, stride, max_rows, flag_a, flag_b};
+  publish_last_kernel<<<static_cast<unsigned>((max_rows + kPublishThreads - 1) / kPublishThreads),
+                        kPublishThreads, 0, stream>>>(p);
   GD_CHECK_LAUNCH();
 }
 

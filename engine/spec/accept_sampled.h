@@ -18,8 +18,9 @@
 // (the engine's draft and target samplers use the same seed and position), which is then not
 // committed, and the accept / residual words come from other Philox streams
 // (accept_sampled_rules.h). A greedy request (point masses on both sides) commits exactly what
-// accept_greedy commits.
-// Output as accept.h: out[r * stride] = a + 1, then d_1 .. d_a and the last token.
+// the greedy rule commits (the longest prefix of drafts equal to the target's argmax, then its
+// argmax).
+// Output: out[r * stride] = a + 1, then d_1 .. d_a and the last token.
 // The decisions take one warp and two loads per draft (the sampler's row stats carry each row's
 // exact Z); a rejection costs one pass over the two rows of the rejected position.
 //
@@ -87,5 +88,13 @@ constexpr std::int32_t kMaxAcceptSampledDrafts = 64;
 
 // Checks the arguments (graphdecode::Error naming the field) and launches.
 void accept_sampled(const AcceptSampledArgs& args, cudaStream_t stream);
+
+// A step without drafts (a prefill chunk): request r commits the token of its logits row r,
+// published in the same layout (out[r * stride] = 1, out[r * stride + 1] = tokens[r]), flags
+// OR-ed into out[max_rows * stride].
+void publish_last_tokens(const StepMetaView& meta, const std::int32_t* tokens,
+                         std::int32_t max_rows, std::int32_t* out, std::int32_t stride,
+                         const std::int32_t* flag_a, const std::int32_t* flag_b,
+                         cudaStream_t stream);
 
 }  // namespace graphdecode

@@ -11,9 +11,11 @@
 #include <cstdint>
 
 #include "common/buffers.h"
+#include "engine/kernels/sampling.h"
 #include "engine/llama_model.h"
 #include "engine/row_sampler.h"
 #include "engine/runtime/model_runtime.h"
+#include "engine/spec/accept_sampled.h"
 #include "engine/spec/spec_prep.h"
 #include "graphs/step_program.h"
 
@@ -30,6 +32,13 @@ class DraftProposer {
                        cudaStream_t stream) = 0;
   // [1] sticky device error flag (a bad token id), or nullptr.
   virtual const std::int32_t* error_flag() const { return nullptr; }
+  // The distributions the drafts were drawn from, for sampled acceptance (accept_sampled.h):
+  // draft i of request r from logits row i * draft_rows() + r and its stats; a proposer without
+  // distributions (prompt lookup) is a point mass at each draft.
+  virtual DraftKind draft_kind() const { return DraftKind::kPointMass; }
+  virtual const float* draft_logits() const { return nullptr; }
+  virtual const SamplingRowStats* draft_stats() const { return nullptr; }
+  virtual std::int32_t draft_rows() const { return 0; }
 };
 
 class DraftModelProposer : public DraftProposer {
@@ -40,13 +49,19 @@ class DraftModelProposer : public DraftProposer {
   void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
                cudaStream_t stream) override;
   const std::int32_t* error_flag() const override { return model_.bad_token_flag(); }
+  DraftKind draft_kind() const override { return DraftKind::kDistribution; }
+  const float* draft_logits() const override { return logits_.data(); }
+  const SamplingRowStats* draft_stats() const override { return stats_.data(); }
+  std::int32_t draft_rows() const override { return max_batch_; }
 
  private:
   ModelRuntime& runtime_;
   LlamaModel& model_;
   std::int32_t max_batch_ = 0;
   RowSampler sampler_;
-  DeviceBuffer<std::int32_t> tokens_;  // [max_batch] the last draft phase's tokens
+  DeviceBuffer<std::int32_t> tokens_;     // [max_batch] the last draft phase's tokens
+  DeviceBuffer<float> logits_;            // [max_draft][max_batch][vocab] each phase's rows
+  DeviceBuffer<SamplingRowStats> stats_;  // [max_draft][max_batch] their distributions
 };
 
 struct NgramConfig {

@@ -8,8 +8,9 @@
 //   draft decode j (1 <= j < k): input d_j at position P + j, KV extent P + j + 1, gives d_{j+1};
 //   verify         the target over [t_P, d_1 .. d_k] at positions P .. P + k, KV extent P + k + 1,
 //                  logits for every row;
-//   accept         greedy: a = the longest prefix of drafts equal to the target's picks; the step
-//                  commits d_1 .. d_a and the target's pick y_a after them (a + 1 tokens).
+//   accept         speculative rejection sampling (accept_sampled.h; for a greedy request: a = the
+//                  longest prefix of drafts equal to the target's argmax); the step commits
+//                  d_1 .. d_a and one token of the target's after them (a + 1 tokens).
 // A derived phase is (width w, offset o): request r has w new rows at positions P + o .. P + o +
 // w - 1 and KV extent P + o + w (verify: w = k + 1, o = 0; draft decode j: w = 1, o = j).
 #pragma once
@@ -30,16 +31,6 @@ GD_HD std::int32_t phase_position(std::int32_t draft_extend_kv_len, std::int32_t
 GD_HD std::int32_t phase_kv_len(std::int32_t draft_extend_kv_len, std::int32_t width,
                                 std::int32_t offset) {
   return draft_extend_kv_len + offset + width - 1;
-}
-
-// Greedy acceptance: drafts[i] = d_{i+1} (i < k), picks[i] = y_i, the target's token after row i
-// (i <= k). Returns a, the accepted draft count (at most max_accept; < 0 = no cap).
-GD_HD std::int32_t greedy_accepted(const std::int32_t* drafts, const std::int32_t* picks,
-                                   std::int32_t k, std::int32_t max_accept) {
-  const std::int32_t cap = max_accept < 0 || max_accept > k ? k : max_accept;
-  std::int32_t a = 0;
-  while (a < cap && drafts[a] == picks[a]) ++a;
-  return a;
 }
 
 // Prompt lookup (n-gram) drafts from a request's own tokens h[0 .. p] (p = the last committed

@@ -75,10 +75,9 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
 
 void SpecRunner::write_aux(const Scheduler& scheduler, const PlannedRequest& p) {
   const SamplingParams& sp = scheduler.sampling(p.id);
-  // Greedy acceptance keeps a greedy request's output exactly; a sampled request commits the
-  // target's own sample of its first verify row (drafts never accepted), so its tokens keep the
-  // target's distribution.
-  const std::int32_t limit = scheduler.speculates(p.id) && !(sp.temperature > 0.f) ? -1 : 0;
+  // Acceptance is exact for greedy and sampled requests; a request that does not speculate
+  // commits the target's own token of its first verify row.
+  const std::int32_t limit = scheduler.speculates(p.id) ? -1 : 0;
   const std::size_t at = aux_.size();
   aux_.resize(at + SamplingWords::kCount);
   SamplingWords::write(sp, limit, std::span<std::int32_t>(aux_).subspan(at, SamplingWords::kCount));

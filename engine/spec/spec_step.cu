@@ -3,7 +3,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
-#include "engine/spec/accept.h"
+#include "engine/spec/accept_sampled.h"
 #include "engine/spec/spec_step.h"
 
 namespace graphdecode {
@@ -29,8 +29,10 @@ SpecStep::SpecStep(ModelRuntime& target_runtime, LlamaModel& target, cudaStream_
              "capacity.max_logit_rows", cap.resolved_max_logit_rows(),
              "the verify needs logits for every row");
   picks_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_batch_) * (max_draft_ + 1));
+  stats_ = DeviceBuffer<SamplingRowStats>(static_cast<std::size_t>(max_batch_) * (max_draft_ + 1));
   published_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_batch_) * stride() + 1);
   for (auto* b : {&picks_, &published_}) b->fill_bytes(0, stream);
+  stats_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
 }
 
@@ -82,20 +84,30 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   target_.forward(target_rt_, v, StepShape{StepMode::kTargetVerify, b, rows, rows, k + 1}, nullptr,
                   stream);
   marks_[kSpecAccept].record(stream);
-  target_sampler_.enqueue(v, aux, target_.logits(), rows, picks_.data(), stream);
-  AcceptArgs a;
+  target_sampler_.enqueue(v, aux, target_.logits(), rows, picks_.data(), stream, stats_.data());
+  AcceptSampledArgs a;
   a.verify = v;
-  a.picks = picks_.data();
   a.k = k;
+  a.vocab = target_.vocab();
+  a.logits_type = LogitsType::kFloat32;
+  a.target_logits = target_.logits();
+  a.target_stats = stats_.data();
+  a.target_tokens = picks_.data();
+  a.draft_kind = proposer_->draft_kind();
+  a.draft_logits = proposer_->draft_logits();
+  a.draft_stats = proposer_->draft_stats();
+  a.draft_rows = proposer_->draft_rows();
   a.aux = aux;
   a.aux_words = SamplingWords::kCount;
+  a.seed_lo_word = SamplingWords::kSeedLo;
+  a.seed_hi_word = SamplingWords::kSeedHi;
   a.accept_limit_word = SamplingWords::kAcceptLimit;
   a.out = published_.data();
   a.stride = stride();
   a.max_rows = max_batch_;
   a.flag_a = target_.bad_token_flag();
   a.flag_b = proposer_->error_flag();
-  accept_greedy(a, stream);
+  accept_sampled(a, stream);
   marks_[kNumSpecPhases].record(stream);
 }
 

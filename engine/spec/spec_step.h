@@ -7,12 +7,12 @@
 //   speculative (StepMode::kSpeculative, k drafts; engine/spec/spec_rules.h):
 //     prep (every pool's commands, the draft-extend's metadata: the committed tokens) -> spec
 //     prep (verify and draft decodes) -> the proposer's k drafts per request -> verify forward
-//     (the target, logits for every row), sample the target's picks -> accept -> published: per
-//     request the committed count and tokens.
+//     (the target, logits for every row), the target's sample of every row -> accept:
+//     speculative rejection sampling over the filtered distributions (engine/spec/
+//     accept_sampled.h; for a greedy request exactly the greedy rule) -> published: per request
+//     the committed count and tokens.
 // One copy of the image in, one copy of the published words out, no host sync between phases.
-// Sampling parameters: SamplingWords in the image's aux section (engine/row_sampler.h). Greedy
-// acceptance: the speculative requests are greedy (the engine refuses others until sampled
-// acceptance exists).
+// Sampling parameters: SamplingWords in the image's aux section (engine/row_sampler.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -75,6 +75,7 @@ class SpecStep : public StepProgram {
   SpecPrep spec_;
   RowSampler target_sampler_;
   DeviceBuffer<std::int32_t> picks_;      // [max_batch * (max_draft + 1)] the target's tokens
+  DeviceBuffer<SamplingRowStats> stats_;  // [max_batch * (max_draft + 1)] their distributions
   DeviceBuffer<std::int32_t> published_;  // [max_batch * stride + 1]
   std::array<Event, kNumSpecPhases + 1> marks_;  // recorded between the phases
 };

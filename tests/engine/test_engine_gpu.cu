@@ -486,6 +486,60 @@ TEST_P(EngineSpeculative, GreedyTokensEqualPlainDecodingUnderContinuousBatching)
   }
 }
 
+// Sampled requests speculate too (rejection sampling keeps the target's distribution; the
+// chi-square tests are in test_accept_sampled_gpu). With the target as its own draft, p and q
+// agree up to bf16 rounding of two GEMM shapes: nearly every draft is accepted, and since the
+// draft's sample and the target's use the same seed and position, the tokens are nearly always
+// the plain engine's own samples. Runs are reproducible.
+TEST_F(EngineGpu, SampledRequestsSpeculateWithTheTargetsDistribution) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 8;
+  ec.max_step_tokens = 256;
+  ec.max_context = 160;
+  const int n = testing::sanitize_mode() ? 3 : 8;
+  std::vector<RequestSpec> specs;
+  for (int r = 0; r < n; ++r) {
+    RequestSpec s;
+    s.prompt = random_prompt(rng, 10 + 9 * r, config.vocab_size);
+    s.max_new_tokens = 32;
+    s.sampling = {0.8f, r % 2 ? 40 : 0, r % 3 ? 0.95f : 1.f, 1000 + static_cast<std::uint64_t>(r)};
+    specs.push_back(s);
+  }
+  const auto serve = [&](Engine& engine) -> std::vector<std::vector<std::int32_t>> {
+    Collected got;
+    std::vector<RequestId> ids;
+    for (const RequestSpec& s : specs) ids.push_back(engine.submit(s, collect(got)));
+    engine.run_until_idle();
+    std::vector<std::vector<std::int32_t>> out;
+    for (RequestId id : ids) out.push_back(got.tokens[id]);
+    return out;
+  };
+  Engine plain(w, ec);
+  const auto want = serve(plain);
+  EngineConfig sc = ec;
+  sc.speculative.max_draft_tokens = 4;
+  Engine a(w, sc, &w), b(w, sc, &w);
+  const auto got = serve(a);
+  EXPECT_EQ(got, serve(b)) << "speculative sampling is reproducible";
+  const EngineStats st = a.stats();
+  const double rate = static_cast<double>(st.accepted_tokens) / st.drafted_tokens;
+  int same = 0;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(got[static_cast<std::size_t>(r)].size(), 32u);
+    same += got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)];
+  }
+  std::printf(
+      "[ sampled, own draft ] acceptance %.3f, %d of %d requests token-identical to plain "
+      "sampling\n",
+      rate, same, n);
+  EXPECT_GT(rate, 0.85);
+  EXPECT_GE(same, n / 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EngineSpeculative, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "graphs" : "eager"; });
 

@@ -1,5 +1,5 @@
 // Speculative decoding on the CPU: the phases derived from a draft-extend (spec_prep_host, the
-// twin of the device kernel), greedy acceptance, and the host book of a speculative request
+// twin of the device kernel), the prompt-lookup rule, and the host book of a speculative request
 // (reserve before a step, commit after it) against the page ledger.
 #include <gtest/gtest.h>
 
@@ -101,19 +101,6 @@ TEST(SpecPrep, NoDraftsVerifiesTheLastCommittedTokenAlone) {
   EXPECT_EQ(range(p.vv.token_position, 3), (std::vector<int>{11, 4, 0}));
   EXPECT_EQ(range(p.vv.token_id, 3), (std::vector<int>{12, 21, 0}));
   EXPECT_EQ(p.vv.scalars[StepMetaLayout::kNumLogitRows], 2);
-}
-
-TEST(SpecRules, GreedyAcceptanceTakesTheLongestMatchingPrefix) {
-  const std::int32_t drafts[] = {5, 6, 7};
-  EXPECT_EQ(
-      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3, -1), 3);
-  EXPECT_EQ(
-      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 9, 7, 8}.data(), 3, -1), 1);
-  EXPECT_EQ(
-      spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{1, 6, 7, 8}.data(), 3, -1), 0);
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5, 6, 7, 8}.data(), 3, 2),
-            2);
-  EXPECT_EQ(spec_rules::greedy_accepted(drafts, std::vector<std::int32_t>{5}.data(), 0, -1), 0);
 }
 
 TEST(SpecRules, PromptLookupProposesWhatFollowedTheLatestLongestSuffix) {
