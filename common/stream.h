@@ -55,6 +55,11 @@ class Event {
 
   cudaEvent_t get() const noexcept { return e_; }
   void record(cudaStream_t s) { GD_CUDA(cudaEventRecord(e_, s)); }
+  // Recorded by every replay of a graph captured from `s` (an external event-record node; a plain
+  // record under capture only orders work inside the graph), and like record() outside capture.
+  void record_external(cudaStream_t s) {
+    GD_CUDA(cudaEventRecordWithFlags(e_, s, cudaEventRecordExternal));
+  }
   void synchronize() const { GD_CUDA(cudaEventSynchronize(e_)); }
   // Milliseconds from `start` to this event; both must have completed.
   float elapsed_ms_since(const Event& start) const {

@@ -71,19 +71,19 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   const StepPrep& prep = target_rt_.step().prep();
   const std::int32_t b = std::clamp(shape.bucket, 1, max_batch_);
   const std::int32_t* aux = input_.device_view().aux;
-  marks_[kSpecPrep].record(stream);
+  marks_[kSpecPrep].record_external(stream);
   prep.enqueue(stream);
   spec_.enqueue(k, stream);
-  marks_[kSpecPropose].record(stream);
+  marks_[kSpecPropose].record_external(stream);
   proposer_->propose(spec_, shape, k, stream);
-  marks_[kSpecVerify].record(stream);
+  marks_[kSpecVerify].record_external(stream);
   // Verify: the target over the last committed token and the k drafts, logits for every row.
   const StepMetaView& v = spec_.verify();
   const std::int32_t rows = b * (k + 1);
   target_rt_.plan(v, stream);
   target_.forward(target_rt_, v, StepShape{StepMode::kTargetVerify, b, rows, rows, k + 1}, nullptr,
                   stream);
-  marks_[kSpecAccept].record(stream);
+  marks_[kSpecAccept].record_external(stream);
   target_sampler_.enqueue(v, aux, target_.logits(), rows, picks_.data(), stream, stats_.data());
   AcceptSampledArgs a;
   a.verify = v;
@@ -108,7 +108,7 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   a.flag_a = target_.bad_token_flag();
   a.flag_b = proposer_->error_flag();
   accept_sampled(a, stream);
-  marks_[kNumSpecPhases].record(stream);
+  marks_[kNumSpecPhases].record_external(stream);
 }
 
 std::array<float, kNumSpecPhases> SpecStep::phase_us() const {
