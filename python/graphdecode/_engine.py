@@ -83,6 +83,8 @@ class Stats:
     tokens_per_spec_row: float
     drafted_at: list[int]  # per draft position
     accepted_at: list[int]
+    spec_steps: int  # speculative steps
+    spec_phase_us: list[float]  # device us summed over them: prep, propose, verify, accept
 
 
 TokenCallback = Callable[[TokenEvent], Any]

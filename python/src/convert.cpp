@@ -1,6 +1,7 @@
 #include "convert.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <cstring>
 #include <limits>
@@ -14,7 +15,7 @@ namespace {
 constexpr const char* kWhere = "graphdecode (python)";
 
 [[noreturn]] void refuse(const std::string& field, nb::handle obj, const std::string& msg) {
-  throw Error(msg, kWhere, field, repr(obj));
+  throw Error(msg, kWhere, field, repr_text(obj));
 }
 
 // An integer (Python int, numpy integer, 0-d torch tensor: anything with __index__), never a
@@ -88,7 +89,7 @@ bool array_token_ids(nb::handle obj, const std::string& field, std::vector<std::
 
 }  // namespace
 
-std::string repr(nb::handle obj) {
+std::string repr_text(nb::handle obj) {
   PyObject* r = PyObject_Repr(obj.ptr());
   if (r == nullptr) {
     PyErr_Clear();
@@ -122,7 +123,7 @@ std::vector<std::int32_t> token_ids(nb::handle obj, const std::string& field) {
     const bool ok = as_int64(h, v);
     if (!ok || v < std::numeric_limits<std::int32_t>::min() ||
         v > std::numeric_limits<std::int32_t>::max()) {
-      const std::string value = repr(h);
+      const std::string value = repr_text(h);
       Py_DECREF(item);
       Py_DECREF(it);
       throw Error(ok ? "does not fit a 32-bit integer" : "a token id must be an int", kWhere, at,

@@ -18,15 +18,15 @@ namespace graphdecode::py {
 
 namespace nb = nanobind;
 
-// repr(obj), for the value an Error carries.
-std::string repr(nb::handle obj);
+// repr_text(obj), for the value an Error carries.
+std::string repr_text(nb::handle obj);
 
 // Token ids from a list / tuple / range / any iterable of ints, or a 1-D integer array on the
 // host (numpy, torch CPU tensor: anything DLPack or the buffer protocol offers). A device array,
 // text, bools, floats and ids outside int32 are refused naming `field` ("prompt[3]", ...).
 std::vector<std::int32_t> token_ids(nb::handle obj, const std::string& field);
 
-// An int that fits int32 / a float / a bool, else Error(field, repr(obj)).
+// An int that fits int32 / a float / a bool, else Error(field, repr_text(obj)).
 std::int32_t to_i32(nb::handle obj, const std::string& field);
 double to_f64(nb::handle obj, const std::string& field);
 bool to_bool(nb::handle obj, const std::string& field);

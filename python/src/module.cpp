@@ -11,6 +11,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -145,6 +146,8 @@ class PyEngine {
     d["tokens_per_spec_row"] = s.tokens_per_spec_row();
     d["drafted_at"] = s.drafted_at;
     d["accepted_at"] = s.accepted_at;
+    d["spec_steps"] = s.spec_steps;
+    d["spec_phase_us"] = std::vector<double>(s.spec_phase_us.begin(), s.spec_phase_us.end());
     return d;
   }
 
