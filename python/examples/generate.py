@@ -41,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--speculate-ngram", type=int, default=0, metavar="K",
                    help="speculative decoding by prompt lookup, up to K draft tokens")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (same kernels, eagerly)")
     p.add_argument("--check-hf", action="store_true",
                    help="also run transformers' greedy generate and compare the tokens")
     return p.parse_args()
@@ -99,7 +100,7 @@ def main() -> int:
         print("graphdecode: no CUDA device; the engine needs one", file=sys.stderr)
         return 1
 
-    options = dict(max_batch=args.max_batch, max_context=args.max_context)
+    options = dict(max_batch=args.max_batch, max_context=args.max_context, use_graphs=not args.eager)
     if args.speculate_ngram:
         options["speculative"] = gd.Speculative(max_draft_tokens=args.speculate_ngram,
                                                 proposer="ngram")

@@ -45,7 +45,12 @@ def main() -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator([TEXT], trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
-    ids = tok(TEXT)["input_ids"] + [tok.eos_token_id]
+    # Every sentence is also its own sequence, so a prompt that starts a sentence (no leading
+    # space, as a user types it) is a context the model has seen; the whole text comes first.
+    sentences = [s.strip() + "." for s in TEXT.replace("\n", " ").split(". ") if s.strip()]
+    sentences[-1] = sentences[-1].rstrip(".") + "."
+    seqs = [tok(t)["input_ids"] + [tok.eos_token_id] for t in [TEXT.strip()] + sentences]
+    n = max(len(q) for q in seqs)
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=768,
@@ -54,9 +59,11 @@ def main() -> None:
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = LlamaForCausalLM(config).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    x = torch.tensor([ids], device="cuda")
+    pad = tok.eos_token_id
+    x = torch.tensor([q + [pad] * (n - len(q)) for q in seqs], device="cuda")
+    labels = torch.tensor([q + [-100] * (n - len(q)) for q in seqs], device="cuda")
     for step in range(args.steps):
-        loss = model(x, labels=x).loss
+        loss = model(x, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -64,7 +71,7 @@ def main() -> None:
             print(f"step {step:4d} loss {loss.item():.4f}", flush=True)
     model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
-    print(f"wrote {args.out}: {len(tok)} tokens of vocabulary, {len(ids)} training tokens, "
+    print(f"wrote {args.out}: {len(tok)} tokens of vocabulary, {len(seqs)} sequences of <= {n} tokens, "
           f"{time.perf_counter() - t0:.1f} s")
 
 

@@ -161,12 +161,13 @@ def test_step_releases_the_gil(weights):
     assert ticks > 0
 
 
-def test_ngram_speculation_keeps_greedy_tokens(weights, engine):
+@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graphs"])
+def test_ngram_speculation_keeps_greedy_tokens(weights, engine, use_graphs):
     # A repetitive prompt so prompt lookup proposes something.
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, prompt(17)]
     plain = engine.generate(prompts, max_new_tokens=12)
     spec = gd.Speculative(max_draft_tokens=3, proposer="ngram")
-    with gd.Engine(weights, speculative=spec, **OPTS) as e:
+    with gd.Engine(weights, speculative=spec, use_graphs=use_graphs, **OPTS) as e:
         assert e.generate(prompts, max_new_tokens=12) == plain
         s = e.stats()
         assert s.spec_rows > 0 and len(s.drafted_at) == 3
@@ -175,14 +176,16 @@ def test_ngram_speculation_keeps_greedy_tokens(weights, engine):
         assert info.value.field == "speculative.max_draft_tokens"
 
 
-def test_draft_model_speculation_with_the_target_as_draft(weights, engine):
+@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graphs"])
+def test_draft_model_speculation_with_the_target_as_draft(weights, engine, use_graphs):
     prompts = [prompt(9), prompt(21, 4)]
     plain = engine.generate(prompts, max_new_tokens=8)
     with gd.Engine(weights, draft=weights, speculative=gd.Speculative(max_draft_tokens=2),
-                   **OPTS) as e:
+                   use_graphs=use_graphs, **OPTS) as e:
         assert e.generate(prompts, max_new_tokens=8) == plain
         s = e.stats()
         assert s.accepted_tokens > 0  # the target drafting for itself is mostly accepted
+        assert s.spec_steps > 0 and all(us > 0 for us in s.spec_phase_us)
 
 
 def test_hugging_face_checkpoint_matches_transformers(tmp_path):
