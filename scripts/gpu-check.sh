@@ -174,7 +174,11 @@ if has python; then
   if python3 -c 'import nanobind, scikit_build_core' > /dev/null 2>&1; then
     if python3 -m pip install -v --no-build-isolation --no-deps . -C build-dir=$BUILD \
         > "$OUT/pip-install.log" 2>&1; then
-      python3 -m pytest -q -rs python/tests > "$OUT/pytest.log" 2>&1 || status=1
+      # With pytest-xdist, tests run in a worker that is replaced if it crashes, so one crash
+      # is reported as a failure instead of hiding every test after it.
+      xdist=()
+      python3 -c 'import xdist' > /dev/null 2>&1 && xdist=(-n 1)
+      python3 -m pytest -q -rs "${xdist[@]}" python/tests > "$OUT/pytest.log" 2>&1 || status=1
       note "python pytest" "$(tail -1 "$OUT/pytest.log")"
     else
       note "python" "pip install FAILED (see pip-install.log)"; status=1

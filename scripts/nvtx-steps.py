@@ -5,6 +5,11 @@
     nsys export --type sqlite -o dl.sqlite dl.nsys-rep      # or: nsys stats dl.nsys-rep
     python3 scripts/nvtx-steps.py dl.sqlite [--first 12]
 
+Where the only nsys is the one bundled with Nsight Compute (.../host/target-linux-x64/nsys), it
+profiles (add -s none --cpuctxsw=none to keep the capture small) but its QdstrmImporter may lack
+libdw.so.1: with Debian's libdw1 and libelf1 unpacked (dpkg -x) and LD_LIBRARY_PATH pointing at
+them, it makes the .nsys-rep, and `nsys export --type sqlite` works.
+
 Reads the graphdecode.* push/pop ranges (common/nvtx.h): each graphdecode.step holds
 .schedule, one of .prefill / .decode / .speculative (holding .launch and .wait), and .deliver.
 Prints every range's count and median, the median breakdown of a step by kind, the first steps
@@ -40,10 +45,14 @@ def ranges(db: sqlite3.Connection) -> list[dict]:
 
 
 def kernel_spans(db: sqlite3.Connection) -> list[tuple[int, int]]:
+    """Device activity: kernels launched on their own, and whole graph replays (nsys records a
+    replayed graph as one span in its default --cuda-graph-trace=graph mode, not its kernels)."""
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
-        return []
-    return list(db.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start"))
+    spans = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
+        if table in tables:
+            spans += list(db.execute(f"SELECT start, end FROM {table}"))
+    return sorted(spans)
 
 
 def steps_of(rs: list[dict]) -> list[dict]:
