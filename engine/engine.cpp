@@ -122,8 +122,8 @@ bool Engine::step() {
   }
   if (plan_.empty()) return false;
   runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
-  const NvtxRange deliver("graphdecode.deliver", NvtxColor::kHost,
-                          static_cast<std::int64_t>(result_.tokens.size()));
+  const NvtxRange deliver_range("graphdecode.deliver", NvtxColor::kHost,
+                                static_cast<std::int64_t>(result_.tokens.size()));
   // Releases finished requests in the ledger before any callback runs, so a throwing callback
   // leaves the books consistent.
   scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);

@@ -53,11 +53,13 @@ class Speculative:
 
 
 class TokenEvent(NamedTuple):
-    """One generated token of one request; ``finished`` on the request's last token."""
+    """One generated token of one request; ``finished`` on the request's last event. A
+    cancelled request's last event has ``cancelled`` set and no token (``token`` is -1)."""
 
     request_id: int
     token: int
     finished: bool
+    cancelled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +73,8 @@ class Stats:
     eager_steps: int
     prompt_tokens: int
     generated_tokens: int
-    finished: int
+    finished: int  # including cancelled
+    cancelled: int
     busy_s: float  # wall time inside step(), host + device
     tokens_per_s: float  # generated_tokens / busy_s
     decode_p50_us: float  # decode step wall time percentiles over the last 4096 decode steps
@@ -99,7 +102,8 @@ class Request:
     finishes and returns all its tokens.
     """
 
-    __slots__ = ("id", "prompt_len", "tokens", "finished", "_engine", "_on_token", "_read")
+    __slots__ = ("id", "prompt_len", "tokens", "finished", "cancelled", "_engine", "_on_token",
+                 "_read")
 
     def __init__(self, engine: Engine, request_id: int, prompt_len: int,
                  on_token: Optional[TokenCallback]) -> None:
@@ -107,6 +111,7 @@ class Request:
         self.prompt_len = prompt_len
         self.tokens: list[int] = []
         self.finished = False
+        self.cancelled = False
         self._engine = engine
         self._on_token = on_token
         self._read = 0  # tokens handed out by iteration
@@ -119,6 +124,10 @@ class Request:
             if self.finished:
                 return
             self._engine._step_for(self)
+
+    def cancel(self) -> None:
+        """Stops this request now (see ``Engine.cancel``); its stream ends."""
+        self._engine.cancel(self)
 
     def result(self) -> list[int]:
         """Runs the engine until this request finished; returns every token it generated."""
@@ -234,6 +243,7 @@ class Engine:
                                   _weights(draft, "draft"))
         self._requests: dict[int, Request] = {}
         self._vocab_size = weights.config.vocab_size
+        self._delivering = False
 
     @classmethod
     def from_checkpoint(cls, path: Union[str, os.PathLike], **kwargs: Any) -> Engine:
@@ -273,6 +283,16 @@ class Engine:
         self._requests[request_id] = request
         return request
 
+    def cancel(self, request: Union[Request, int]) -> None:
+        """Cancels a waiting or running request: it leaves the queue or the batch at once (its
+        KV pages go back), gets no more tokens, and its callback sees a final TokenEvent with
+        cancelled=True. Error ("request") for an unknown or finished one. Callable from a
+        callback: the request then stops after the step's other callbacks."""
+        request_id = request.id if isinstance(request, Request) else request
+        self._core.cancel(request_id)
+        if not self._delivering:
+            self._deliver()
+
     def generate(self, prompts: Iterable[Iterable[int]], **kwargs: Any) -> list[list[int]]:
         """Submits every prompt with the same options, runs to completion, returns the tokens."""
         requests = [self.submit(p, **kwargs) for p in prompts]
@@ -301,22 +321,29 @@ class Engine:
                         field="request", value=str(request.id))
 
     def _deliver(self) -> None:
-        events = self._core.take_events()
         first_error: Optional[BaseException] = None
-        for request_id, token, finished in events:
-            request = self._requests.get(request_id)
-            if request is None:
-                continue
-            request.tokens.append(token)
-            if finished:
-                request.finished = True
-                del self._requests[request_id]
-            if request._on_token is not None:
-                try:
-                    request._on_token(TokenEvent(request_id, token, finished))
-                except BaseException as e:  # noqa: BLE001 - re-raised below
-                    if first_error is None:
-                        first_error = e
+        self._delivering = True
+        try:
+            # A callback may cancel a request: its final event is taken in the next round.
+            while events := self._core.take_events():
+                for request_id, token, finished, cancelled in events:
+                    request = self._requests.get(request_id)
+                    if request is None:
+                        continue
+                    if not cancelled:
+                        request.tokens.append(token)
+                    if finished:
+                        request.finished = True
+                        request.cancelled = cancelled
+                        del self._requests[request_id]
+                    if request._on_token is not None:
+                        try:
+                            request._on_token(TokenEvent(request_id, token, finished, cancelled))
+                        except BaseException as e:  # noqa: BLE001 - re-raised below
+                            if first_error is None:
+                                first_error = e
+        finally:
+            self._delivering = False
         if first_error is not None:
             raise first_error
 

@@ -110,12 +110,18 @@ class PyEngine {
     return engine_->step();
   }
 
-  // Events since the last call: (request id, token, finished), in delivery order.
-  std::vector<std::tuple<std::int64_t, std::int32_t, bool>> take_events() {
+  // Its final event (cancelled, no token) lands in the buffer at once.
+  void cancel(RequestId id) {
     const std::lock_guard lock(mutex_);
-    std::vector<std::tuple<std::int64_t, std::int32_t, bool>> out;
+    engine_->cancel(id);
+  }
+
+  // Events since the last call: (request id, token, finished, cancelled), in delivery order.
+  std::vector<std::tuple<std::int64_t, std::int32_t, bool, bool>> take_events() {
+    const std::lock_guard lock(mutex_);
+    std::vector<std::tuple<std::int64_t, std::int32_t, bool, bool>> out;
     out.reserve(events_.size());
-    for (const TokenEvent& e : events_) out.emplace_back(e.id, e.token, e.finished);
+    for (const TokenEvent& e : events_) out.emplace_back(e.id, e.token, e.finished, e.cancelled);
     events_.clear();
     return out;
   }
@@ -135,6 +141,7 @@ class PyEngine {
     d["prompt_tokens"] = s.prompt_tokens;
     d["generated_tokens"] = s.generated_tokens;
     d["finished"] = s.finished;
+    d["cancelled"] = s.cancelled;
     d["busy_s"] = s.busy_s;
     d["tokens_per_s"] = s.tokens_per_s();
     d["decode_p50_us"] = s.decode_p50_us;
@@ -341,6 +348,14 @@ NB_MODULE(_graphdecode, m) {
             return engine.step();
           },
           "Runs one step with the GIL released; False when there was nothing to do.")
+      .def(
+          "cancel",
+          [](PyEngine& e, std::int64_t id) {
+            PyEngine& engine = py::open(e);
+            nb::gil_scoped_release release;
+            engine.cancel(id);
+          },
+          "request_id"_a)
       .def("take_events", [](PyEngine& e) { return py::open(e).take_events(); })
       .def("stats", [](PyEngine& e) { return py::open(e).stats(); })
       .def("last_logits",

@@ -103,6 +103,29 @@ def test_a_raising_callback_does_not_lose_other_tokens(engine):
     assert bad.finished and good.finished and len(good.tokens) == 3
 
 
+def test_cancel_stops_a_request_and_frees_it(engine):
+    events = []
+    long = engine.submit(prompt(10), max_new_tokens=50, on_token=events.append)
+    other = engine.submit(prompt(12), max_new_tokens=20)
+    it = iter(long)
+    first = [next(it), next(it), next(it)]
+    long.cancel()
+    assert long.finished and long.cancelled and list(it) == []
+    assert long.tokens == first and events[-1].cancelled and events[-1].finished
+    with pytest.raises(gd.Error) as info:
+        engine.cancel(long)
+    assert info.value.field == "request"
+    assert len(other.result()) == 20 and not other.cancelled
+
+    def cancel_self(e):  # from a callback: after the step's other callbacks
+        if len(me.tokens) == 2:
+            engine.cancel(me)
+
+    me = engine.submit(prompt(7), max_new_tokens=30, on_token=cancel_self)
+    engine.run_until_idle()
+    assert me.cancelled and len(me.tokens) == 2 and engine.idle
+
+
 def test_stats_count_what_happened(weights):
     with gd.Engine(weights, **OPTS) as e:
         e.generate([prompt(30), prompt(40, 3)], max_new_tokens=8)
