@@ -4,6 +4,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/nvtx.h"
 #include "graphs/step_rules.h"
 
 namespace graphdecode {
@@ -36,6 +37,10 @@ void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepRes
   token_ids_.clear();
   aux_.clear();
   const bool decode = plan.kind == StepKind::kDecode;
+  const NvtxRange phase(decode ? "graphdecode.decode" : "graphdecode.prefill",
+                        decode ? NvtxColor::kDecode : NvtxColor::kPrefill,
+                        static_cast<std::int64_t>(plan.requests.size()));
+  NvtxRange launch("graphdecode.launch", NvtxColor::kLaunch);  // image, copy, graph launch
   KvLedger& ledger = step_->ledger();
   for (const PlannedRequest& p : plan.requests) {
     // Cannot fail for want of pages: the scheduler admitted the request only with its whole
@@ -62,6 +67,7 @@ void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepRes
   step_->attach_commands(d);
   out.path = graphs_->step(d, stream_);
   ledger.clear_commands();
+  launch.next("graphdecode.wait", NvtxColor::kWait);  // the step's one wait, below
   const auto rows = static_cast<std::size_t>(program_->max_rows());
   GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(),
                           (rows + 1) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));

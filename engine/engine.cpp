@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/nvtx.h"
 #include "common/request_rules.h"
 #include "engine/decode_runner.h"
 
@@ -114,9 +115,15 @@ RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
 
 bool Engine::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  scheduler_->next_step(plan_);
+  const NvtxRange step_range("graphdecode.step", NvtxColor::kStep);
+  {
+    const NvtxRange r("graphdecode.schedule");
+    scheduler_->next_step(plan_);
+  }
   if (plan_.empty()) return false;
-  runner_->run(plan_, *scheduler_, result_);
+  runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+  const NvtxRange deliver_range("graphdecode.deliver", NvtxColor::kHost,
+                                static_cast<std::int64_t>(result_.tokens.size()));
   // Releases finished requests in the ledger before any callback runs, so a throwing callback
   // leaves the books consistent.
   scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);

@@ -130,6 +130,9 @@ class Engine {
   const KvLedger& ledger() const noexcept { return runner_->ledger(); }
   bool speculative() const noexcept { return config_.speculative.max_draft_tokens > 0; }
   cudaStream_t stream() const noexcept { return stream_; }
+  // The last step's plan: its kind and request ids in the order of the model's logits rows (the
+  // Python binding's logits view reads it). Its token spans are stale once step() returned.
+  const StepPlan& last_plan() const noexcept { return plan_; }
 
  private:
   void record(double us, const StepResult& result);

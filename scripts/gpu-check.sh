@@ -14,7 +14,7 @@ FINAL_OUT=$OUT
 # $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
 OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
-STAGES=${GD_STAGES:-"build test fuzz example parity spec bench sanitize"}
+STAGES=${GD_STAGES:-"build test fuzz example parity spec bench sanitize python"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
 BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_attention sdpa_peer"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-300}  # racecheck of test_attention_planning_gpu: 120-270 s
@@ -143,6 +143,9 @@ if has bench; then
   else
     note "bench sdpa_peer" "skipped (not selected, or no torch with CUDA)"
   fi
+  # PNG plots beside the tables (attention vs peers, decode step % of floor, ...), in the logs.
+  python3 bench/plot.py "$OUT" --out "$OUT" > "$OUT/plot.txt" 2>&1 || true
+  note "bench plots" "$(grep -c 'wrote' "$OUT/plot.txt") PNG ($(tail -1 "$OUT/plot.txt"))"
 fi
 
 if has sanitize; then
@@ -162,6 +165,28 @@ if has sanitize; then
       note "$tool $name" "rc=$rc errors=${errs:-?}"
     done
   done < $BUILD/gpu_tests.txt
+fi
+
+if has python; then
+  # The Python package: the wheel builds in $BUILD (the library's objects are reused; no network
+  # here, so no build isolation and no dependency downloads), then its pytest suite with the GPU
+  # tests required to run. Last: it reconfigures $BUILD without tests.
+  if python3 -c 'import nanobind, scikit_build_core' > /dev/null 2>&1; then
+    if python3 -m pip install -v --no-build-isolation --no-deps . -C build-dir=$BUILD \
+        > "$OUT/pip-install.log" 2>&1; then
+      # With pytest-xdist, tests run in a worker that is replaced if it crashes, so one crash
+      # is reported as a failure instead of hiding every test after it.
+      xdist=()
+      python3 -c 'import xdist' > /dev/null 2>&1 && xdist=(-n 1)
+      python3 -m pytest -q -rs "${xdist[@]}" python/tests > "$OUT/pytest.log" 2>&1 || status=1
+      note "python pytest" "$(tail -1 "$OUT/pytest.log")"
+    else
+      note "python" "pip install FAILED (see pip-install.log)"; status=1
+      tail -30 "$OUT/pip-install.log"
+    fi
+  else
+    note "python" "skipped (nanobind or scikit-build-core not importable)"
+  fi
 fi
 
 finish $status

@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/nvtx.h"
 
 namespace graphdecode {
 
@@ -91,6 +92,11 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
   const bool decode = plan.kind == StepKind::kDecode;
   const std::int32_t k =
       decode ? k_for_batch(config_.k_by_batch, static_cast<std::int32_t>(plan.requests.size())) : 0;
+  // Draft, verify and accept run inside one graph: the host sees one launch (payload k).
+  const NvtxRange phase(decode ? "graphdecode.speculative" : "graphdecode.prefill",
+                        decode ? NvtxColor::kSpec : NvtxColor::kPrefill,
+                        static_cast<std::int64_t>(plan.requests.size()));
+  NvtxRange launch("graphdecode.launch", NvtxColor::kLaunch, k);
   for (const PlannedRequest& p : plan.requests) {
     if (decode) {
       const SpecRequestState& s = state_.at(p.id);
@@ -114,6 +120,7 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
   step_->attach_commands(d);
   out.path = graphs_->step(d, stream_);
   ledger.clear_commands();
+  launch.next("graphdecode.wait", NvtxColor::kWait);  // the step's one wait, below
   const std::int32_t stride = program_->stride();
   const std::size_t words = published_.size();
   GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(), words * sizeof(std::int32_t),
