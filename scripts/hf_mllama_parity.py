@@ -12,13 +12,15 @@ transformers, its tanh gates set to 0.5 (HF starts them at 0: the cross layers o
     the step s = 2c + 1 set by the image class c in 0..7. The class is only in the encoder states:
     every state is code[c] + N(0, 0.5^2) noise (code[c] a fixed random vector of RMS 1), so the
     model must read the cross-attention to continue the chain, whatever the number of states.
-    Training draws a length in 1..96 per step; the test lengths go to 1100.
+    Training draws one length per step, log-uniform in [1, 1200] (the test lengths' range).
 It is saved as bf16 safetensors; transformers runs it (eager attention, no cache: every step
 recomputes the sequence with the request's own cross_attention_states, or None for a text-only
 request) in fp32 (the reference) and bf16 (HF's own bf16 error band); examples/model_parity runs
 one batch of six requests whose encoder lengths are 17, 0, 1, 64 (a page multiple), 1100 and 0,
 graphs on and off. PASS per request: HF fp32's continuation is the task's; our greedy tokens equal
-HF fp32's for all --new-tokens steps; at every step max|ours - hf_fp32| <= tol_rel * max|hf_fp32|.
+HF fp32's for all --new-tokens steps; at every step max|ours - hf_fp32| <= tol * max|hf_fp32|,
+tol = max(--tol-rel, 2 x HF bf16's own worst error on that request): bf16 tolerance, as
+transformers' bf16 evaluation of the same weights sets it.
 
 Controls that must FAIL the same check (the bug class it exists for: an engine that uses one
 request's encoder length for the whole batch at graph replay): model_parity
@@ -30,7 +32,7 @@ logits move when their states are dropped (the cross layers matter).
   python3 scripts/hf_mllama_parity.py --device cpu --dry-run --train-steps 300 --new-tokens 16
       (no binary, no GPU: training + HF only)
 
-Flags: --train-steps (default 1500), --train-batch (32 per task), --new-tokens (64), --tol-rel
+Flags: --train-steps (default 2000), --train-batch (32 per task), --new-tokens (64), --tol-rel
 (0.03), --device (cuda), --dry-run, --seed, --workdir (keeps the checkpoint and outputs there).
 """
 import argparse
@@ -54,7 +56,7 @@ CHAIN_BASE = 256             # image task: blocks [256 + 16b, 256 + 16b + 16), b
 CHAIN_BLOCKS = 8
 CLASSES = 8                  # image class c: chain step 2c + 1
 NOISE = 0.5
-TRAIN_MAX_LEN = 96           # encoder lengths drawn in training
+TRAIN_MAX_LEN = 1200         # encoder lengths drawn in training: log-uniform in [1, 1200]
 # The parity batch: (encoder length, prompt length); 0 = text only.
 REQUESTS = [(17, 6), (0, 17), (1, 9), (64, 33), (1100, 40), (0, 5)]
 
@@ -123,7 +125,8 @@ def train(model, codes, steps, batch, seq_len, device, seed, lr=2e-3):
     def losses(n):
         xt, mt = text_batch(n, seq_len, gen)
         xi, mi, cls = image_batch(n, seq_len, gen)
-        length = int(torch.randint(1, TRAIN_MAX_LEN + 1, (1,), generator=gen))
+        u = float(torch.rand(1, generator=gen))
+        length = max(1, min(TRAIN_MAX_LEN, int(round(TRAIN_MAX_LEN ** u))))
         st = encoder_states(codes, cls, length, gen).to(device)
         out = []
         for x, m, states in ((xt, mt, None), (xi, mi, st)):
@@ -239,7 +242,7 @@ def main():
     ap.add_argument("--binary", default="./build-gpu/examples/model_parity")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dry-run", action="store_true", help="training + HF only, no binary")
-    ap.add_argument("--train-steps", type=int, default=1500)
+    ap.add_argument("--train-steps", type=int, default=2000)
     ap.add_argument("--train-batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--tol-rel", type=float, default=0.03)
@@ -294,10 +297,11 @@ def main():
     def check(meta, ours, label):
         """Per request: (ok, why, rel, div) against HF fp32."""
         res = []
-        for i, (task_ok, _, _, _) in enumerate(hf_info):
+        for i, (task_ok, bf_rel, _, _) in enumerate(hf_info):
             rel, div = worst_rel(ref[i], ours[:, i, :], ref_toks[i], meta["tokens"][i])
+            tol = max(args.tol_rel, 2 * bf_rel)
             why = [w for w, bad in [("task", not task_ok), ("tokens", div is not None),
-                                    ("logits", rel > args.tol_rel)] if bad]
+                                    ("logits", rel > tol)] if bad]
             res.append((not why, why, rel, div))
         return res
 
@@ -326,7 +330,7 @@ def main():
         all_ok &= bool(caught)
 
     print(f"\nlogit metric: per step max|x - hf_fp32| / max|hf_fp32|, worst step shown; "
-          f"tol {args.tol_rel}. margin: smallest hf_fp32 top-2 gap on the path. div: first step "
+          f"tol max({args.tol_rel}, 2 x hf_bf16). margin: smallest hf_fp32 top-2 gap on the path. div: first step "
           f"whose greedy token differs from hf_fp32 (- = none).")
     print(f"{'graphs':<6} {'req':>3} {'what':<11} {'enc':>5} {'len':>4} {'hf=task':<7} "
           f"{'margin':>7} {'hf_bf16':>8} {'div':>4} {'ours':>8} {'div':>4}  result")
