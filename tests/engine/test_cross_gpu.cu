@@ -629,6 +629,52 @@ TEST_P(EngineCross, MixedEncoderLengthsServedAndConfirmedByFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EngineCross, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "graphs" : "eager"; });
 
+// Sampling and stop tokens as for the other families: with encoder states, the same submissions
+// give the same tokens run to run, top-k 1 equals greedy, and a stop token ends a request.
+TEST_F(CrossGpu, SamplingIsReproducibleAndStopTokensStopWithEncoderStates) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_cross_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_context = 96;
+  ec.max_encoder_len = 200;
+  ec.deterministic = true;
+  const std::vector<std::int32_t> prompt = random_prompt(rng, 21, config.vocab_size);
+  const States states = random_states(rng, 150, config.hidden_size);
+  const std::uint64_t seed = rng();
+  const auto run = [&](std::vector<std::vector<std::int32_t>>& out,
+                       std::vector<std::int32_t> stop) {
+    Engine engine(w, ec);
+    Collected got;
+    std::vector<RequestId> ids;
+    for (const SamplingParams sp : {SamplingParams{}, SamplingParams{1.0f, 1, 1.0f, seed},
+                                    SamplingParams{0.9f, 0, 0.9f, seed}}) {
+      RequestSpec s;
+      s.prompt = prompt;
+      s.max_new_tokens = 24;
+      s.sampling = sp;
+      s.stop_tokens = stop;
+      s.encoder = {states.data(), 150, config.hidden_size, false};
+      ids.push_back(engine.submit(std::move(s), collect(got)));
+    }
+    engine.run_until_idle();
+    out.clear();
+    for (RequestId id : ids) out.push_back(got.tokens[id]);
+  };
+  std::vector<std::vector<std::int32_t>> a, b, stopped;
+  run(a, {});
+  run(b, {});
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b) << "same submissions, same seeds: same tokens";
+  EXPECT_EQ(a[1], a[0]) << "top-k 1 must pick the greedy token";
+  expect_greedy_confirmed(w, prompt, {states, 150}, a[0], "greedy request");
+  run(stopped, {a[0][5]});
+  const auto stop_at = std::find(a[0].begin(), a[0].end(), a[0][5]) - a[0].begin();
+  EXPECT_EQ(stopped[0], std::vector<std::int32_t>(a[0].begin(), a[0].begin() + stop_at + 1));
+}
+
 std::string field_of(const std::function<void()>& f) {
   try {
     f();
