@@ -32,7 +32,31 @@ DecodeRunner::DecodeRunner(const HostWeights& weights, const RuntimeOptions& opt
   published_ = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(program_->max_rows()) + 1);
 }
 
+void DecodeRunner::admit_encoders(const StepPlan& plan, const Scheduler& scheduler) {
+  if (!runtime_->has_pool(AttentionKind::kCross)) return;
+  KvLedger& ledger = step_->ledger();
+  bool any = false;
+  for (const RequestId id : plan.admitted) {
+    const EncoderStates e = scheduler.encoder(id);
+    if (e.length == 0) continue;
+    // Cannot fail for want of pages: admission reserved them.
+    ledger.set_encoder(scheduler.slot(id), e.length);
+    any = true;
+  }
+  if (!any) return;
+  // The cross table changes eagerly (with any release commands queued before the new pages), so
+  // the projection below writes through it; these commands then ride in no step image.
+  LlamaModel::apply_cross_table(*runtime_, stream_);
+  for (const RequestId id : plan.admitted) {
+    const EncoderStates e = scheduler.encoder(id);
+    if (e.length == 0) continue;
+    model_->encode(*runtime_, scheduler.slot(id), EncoderStatesView{e.data, e.length, e.on_device},
+                   stream_);
+  }
+}
+
 void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) {
+  admit_encoders(plan, scheduler);
   requests_.clear();
   token_ids_.clear();
   aux_.clear();
@@ -46,7 +70,7 @@ void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepRes
     // Cannot fail for want of pages: the scheduler admitted the request only with its whole
     // extent reserved.
     ledger.extend(p.slot, p.extend_len);
-    requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, 0});
+    requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, p.encoder_len});
     if (decode) {
       // The input token is the one this slot sampled last step, already on the device.
       token_ids_.push_back(step_rules::kTokenFromDevice);

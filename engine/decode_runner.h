@@ -1,7 +1,9 @@
 // Plain decoding: one model, prefill chunks (eager) and decode steps of one token per request
 // (graph replay), device sampling in the graph (engine/sampling_step.h). The decode rows take
 // their input token from the device (the token the slot sampled last step), so the host writes
-// a step before it has read the previous one's tokens.
+// a step before it has read the previous one's tokens. A cross-attention model's requests carry
+// their encoder length in every step; their cross K/V are projected when they are admitted
+// (eagerly, before the step's graph), into cross pages the scheduler reserved.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +27,9 @@ class DecodeRunner : public StepRunner {
                cudaStream_t stream);
 
   void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) override;
+  // The cross model's admitted requests: encoder pages in the ledger, the cross table updated
+  // now, their encoder states projected into it. Nothing for a model without cross layers.
+  void admit_encoders(const StepPlan& plan, const Scheduler& scheduler);
   KvLedger& ledger() override { return step_->ledger(); }
   const StepGraphs& graphs() const override { return *graphs_; }
   const LlamaModel& model() const override { return *model_; }

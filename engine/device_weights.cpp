@@ -46,10 +46,24 @@ WeightArenaLayout WeightArenaLayout::compute(const ModelConfig& c) {
   const auto d = static_cast<std::size_t>(c.head_dim);
   WeightArenaLayout out;
   Cursor cur;
-  out.embed = cur.take(v * h);
+  out.embed = cur.take(static_cast<std::size_t>(c.input_vocab_size()) * h);
   for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
     Layer L;
     L.input_norm = cur.take(h);
+    if (c.layers[static_cast<std::size_t>(l)].kind == AttentionKind::kCross) {
+      L.qkv = cur.take(q * h);
+      L.cross_kv = cur.take(2 * kv * h);
+      L.q_norm = cur.take(d);
+      L.k_norm = cur.take(d);
+      L.attn_gate = cur.take(1);
+      L.mlp_gate = cur.take(1);
+      L.o = cur.take(h * q);
+      L.post_norm = cur.take(h);
+      L.gate_up = cur.take(2 * inter * h);
+      L.down = cur.take(h * inter);
+      out.layers.push_back(L);
+      continue;
+    }
     L.qkv = cur.take((q + 2 * kv) * h);
     if (c.qkv_bias) L.qkv_bias = cur.take(q + 2 * kv);
     if (c.qk_norm) {
@@ -76,10 +90,26 @@ std::vector<std::uint16_t> pack_weight_arena(const HostWeights& w, const WeightA
   GD_REQUIRE(a.layers.size() == static_cast<std::size_t>(c.num_hidden_layers), "layers",
              a.layers.size(), "arena layout computed for another config");
   std::vector<std::uint16_t> img(a.total_elems, 0);
-  put(w, "model.embed_tokens.weight", v * h, img, a.embed);
+  put(w, "model.embed_tokens.weight", static_cast<std::int64_t>(c.input_vocab_size()) * h, img,
+      a.embed);
   for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
     const WeightArenaLayout::Layer& L = a.layers[static_cast<std::size_t>(l)];
     put(w, layer_name(l, "input_layernorm.weight"), h, img, L.input_norm);
+    if (c.layers[static_cast<std::size_t>(l)].kind == AttentionKind::kCross) {
+      put(w, layer_name(l, "cross_attn.q_proj.weight"), q * h, img, L.qkv);
+      put(w, layer_name(l, "cross_attn.k_proj.weight"), kv * h, img, L.cross_kv);
+      put(w, layer_name(l, "cross_attn.v_proj.weight"), kv * h, img, L.cross_kv, kv * h);
+      put(w, layer_name(l, "cross_attn.q_norm.weight"), d, img, L.q_norm);
+      put(w, layer_name(l, "cross_attn.k_norm.weight"), d, img, L.k_norm);
+      put(w, layer_name(l, "cross_attn_attn_gate"), 1, img, L.attn_gate);
+      put(w, layer_name(l, "cross_attn_mlp_gate"), 1, img, L.mlp_gate);
+      put(w, layer_name(l, "cross_attn.o_proj.weight"), h * q, img, L.o);
+      put(w, layer_name(l, "post_attention_layernorm.weight"), h, img, L.post_norm);
+      put(w, layer_name(l, "mlp.gate_proj.weight"), inter * h, img, L.gate_up);
+      put(w, layer_name(l, "mlp.up_proj.weight"), inter * h, img, L.gate_up, inter * h);
+      put(w, layer_name(l, "mlp.down_proj.weight"), h * inter, img, L.down);
+      continue;
+    }
     put(w, layer_name(l, "self_attn.q_proj.weight"), q * h, img, L.qkv);
     put(w, layer_name(l, "self_attn.k_proj.weight"), kv * h, img, L.qkv, q * h);
     put(w, layer_name(l, "self_attn.v_proj.weight"), kv * h, img, L.qkv, (q + kv) * h);
@@ -122,6 +152,9 @@ DeviceWeights::DeviceWeights(const HostWeights& weights, cudaStream_t stream)
     d.post_norm = at(L.post_norm);
     d.gate_up = at(L.gate_up);
     d.down = at(L.down);
+    d.cross_kv = at(L.cross_kv);
+    d.attn_gate = at(L.attn_gate);
+    d.mlp_gate = at(L.mlp_gate);
     layers_.push_back(d);
   }
 }

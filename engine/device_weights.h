@@ -2,7 +2,10 @@
 //
 // Per layer the q, k and v projections are concatenated into one fused [q + 2 kv, hidden] matrix
 // (rows q, then k, then v) and gate/up into one [2 * inter, hidden] (gate first), so each is one
-// GEMM; their biases are fused the same way. Every tensor starts 256-byte aligned.
+// GEMM; their biases are fused the same way. A cross-attention layer's `qkv` is q_proj alone
+// ([q, hidden]: its k and v project the encoder states, not the step's tokens) and its k/v
+// projections are `cross_kv` ([2 kv, hidden], k rows first). Every tensor starts 256-byte
+// aligned.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,10 +22,13 @@ namespace graphdecode {
 
 struct DeviceLayerWeights {
   const std::uint16_t* input_norm = nullptr;  // [hidden]
-  const std::uint16_t* qkv = nullptr;         // [q + 2 kv][hidden]
+  const std::uint16_t* qkv = nullptr;         // [q + 2 kv][hidden]; cross layers [q][hidden]
   const std::uint16_t* qkv_bias = nullptr;    // [q + 2 kv] or nullptr
-  const std::uint16_t* q_norm = nullptr;      // [head_dim] (Qwen3) or nullptr
-  const std::uint16_t* k_norm = nullptr;      // [head_dim] (Qwen3) or nullptr
+  const std::uint16_t* q_norm = nullptr;      // [head_dim] (Qwen3, cross layers) or nullptr
+  const std::uint16_t* k_norm = nullptr;      // [head_dim] (Qwen3, cross layers) or nullptr
+  const std::uint16_t* cross_kv = nullptr;    // [2 kv][hidden] (cross layers) or nullptr
+  const std::uint16_t* attn_gate = nullptr;   // [1] raw gate, tanh applied (cross) or nullptr
+  const std::uint16_t* mlp_gate = nullptr;    // [1] raw gate, tanh applied (cross) or nullptr
   const std::uint16_t* o = nullptr;           // [hidden][q]
   const std::uint16_t* o_bias = nullptr;      // [hidden] or nullptr
   const std::uint16_t* post_norm = nullptr;   // [hidden]
@@ -36,7 +42,8 @@ struct WeightArenaLayout {
   static constexpr std::size_t kNone = ~std::size_t{0};
   struct Layer {
     std::size_t input_norm = kNone, qkv = kNone, qkv_bias = kNone, q_norm = kNone, k_norm = kNone,
-                o = kNone, o_bias = kNone, post_norm = kNone, gate_up = kNone, down = kNone;
+                o = kNone, o_bias = kNone, post_norm = kNone, gate_up = kNone, down = kNone,
+                cross_kv = kNone, attn_gate = kNone, mlp_gate = kNone;
   };
   std::size_t embed = kNone, final_norm = kNone, lm_head = kNone;  // lm_head == embed when tied
   std::vector<Layer> layers;

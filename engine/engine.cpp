@@ -22,6 +22,9 @@ const EngineConfig& validated(const EngineConfig& c) {
   GD_REQUIRE(c.sliding_pages >= 0, "sliding_pages", c.sliding_pages,
              "cannot be negative (0 = default)");
   GD_REQUIRE(c.page_size >= 1, "page_size", c.page_size, "must be positive");
+  GD_REQUIRE(c.max_encoder_len >= 0, "max_encoder_len", c.max_encoder_len,
+             "cannot be negative (0 = no encoder input)");
+  GD_REQUIRE(c.cross_pages >= 0, "cross_pages", c.cross_pages, "cannot be negative (0 = default)");
   GD_REQUIRE(
       c.speculative.max_draft_tokens >= 0 && c.speculative.max_draft_tokens <= kMaxSpecDrafts,
       "speculative.max_draft_tokens", c.speculative.max_draft_tokens,
@@ -46,6 +49,8 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
   // +1: page 0 of every pool is the reserved padding page.
   o.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
   o.sliding_pages = c.sliding_pages > 0 ? c.sliding_pages + 1 : 0;
+  o.max_encoder_len = c.max_encoder_len;
+  o.cross_pages = c.cross_pages > 0 ? c.cross_pages + 1 : 0;
   return o;
 }
 
@@ -56,7 +61,10 @@ SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c
   s.max_step_tokens = std::max(c.max_step_tokens, c.max_batch);
   s.max_context = c.max_context;
   s.vocab_size = model.vocab_size;
+  s.input_vocab_size = model.input_vocab_size();
   s.reserve_slack = slack;
+  s.max_encoder_len = model.any_cross() ? c.max_encoder_len : 0;
+  s.encoder_width = model.hidden_size;
   return s;
 }
 
@@ -72,6 +80,13 @@ double percentile(std::vector<double> v, double q) {
 Engine::Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft)
     : config_(validated(config)) {
   const RuntimeOptions ro = runtime_options(config_);
+  GD_REQUIRE(!weights.config.any_cross() || config_.max_encoder_len >= 1, "max_encoder_len",
+             config_.max_encoder_len,
+             "the model has cross-attention layers: set the longest encoder input (>= 1)");
+  GD_REQUIRE(
+      !speculative() || (!weights.config.any_cross() && !(draft && draft->config.any_cross())),
+      "speculative.max_draft_tokens", config_.speculative.max_draft_tokens,
+      "speculative decoding of a cross-attention model is not supported");
   if (speculative()) {
     SpecRunnerConfig sc;
     sc.proposer = config_.speculative.proposer;
@@ -108,6 +123,17 @@ Engine::~Engine() {
 }
 
 RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
+  const EncoderStates& enc = spec.encoder;
+  if (enc.on_device && enc.length > 0 && enc.data != nullptr) {
+    // Read at admission by the device: a host pointer here would fault there, not here.
+    cudaPointerAttributes attr{};
+    const cudaError_t st = cudaPointerGetAttributes(&attr, enc.data);
+    if (st != cudaSuccess) static_cast<void>(cudaGetLastError());  // not sticky: clear it
+    GD_REQUIRE(st == cudaSuccess &&
+                   (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
+               "encoder.data", "host or unknown memory",
+               "encoder.on_device is set but the pointer is not CUDA device memory");
+  }
   const RequestId id = scheduler_->submit(std::move(spec));  // throws, changing nothing
   if (on_token) callbacks_.emplace(id, std::move(on_token));
   return id;
@@ -122,6 +148,8 @@ bool Engine::step() {
   }
   if (plan_.empty()) return false;
   runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+  // The runner projected the admitted requests' encoder states: their host copies can go.
+  for (const RequestId id : plan_.admitted) scheduler_->drop_encoder_states(id);
   const NvtxRange deliver_range("graphdecode.deliver", NvtxColor::kHost,
                                 static_cast<std::int64_t>(result_.tokens.size()));
   // Releases finished requests in the ledger before any callback runs, so a throwing callback

@@ -21,10 +21,18 @@
 // target's greedy tokens; sampled requests (and those with RequestSpec::speculate false) commit the
 // target's sample, one token per step.
 //
+// Cross-attention models (Mllama's text decoder): set max_encoder_len, and give a request its
+// encoder states (RequestSpec::encoder, bf16 [encoder_len][hidden], host or device memory; see
+// EncoderStates for the lifetime). Their cross K/V are projected once, when the request is
+// admitted, into cross pages reserved with its other pages and returned when it finishes; every
+// step then attends over each request's own encoder length (0 = a text-only request, for which
+// the cross layers are an exact identity), in the same captured graphs for any mix.
+//
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
-// that could never fit the KV pool, bad sampling parameters) is refused by submit() with an Error
-// naming the field; nothing already submitted is affected. When the KV pool is full, requests
-// wait in FIFO order; none is dropped.
+// that could never fit the KV pool, bad sampling parameters; encoder states of the wrong width,
+// longer than max_encoder_len, not device memory when on_device says so, or given to a model
+// without cross layers) is refused by submit() with an Error naming the field; nothing already
+// submitted is affected. When the KV pool is full, requests wait in FIFO order; none is dropped.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,6 +61,10 @@ struct EngineConfig {
   std::int32_t max_context = 4096;     // prompt + generated tokens of one request
   std::int32_t kv_pages = 0;           // full-attention pool pages; 0: max_batch * max_context
   std::int32_t sliding_pages = 0;      // sliding-window pool pages; 0: max_batch at the window
+  // Cross-attention models: the longest encoder input of a request (required, >= 1) and the
+  // cross pool's pages (0: max_batch requests at max_encoder_len). Ignored by other models.
+  std::int32_t max_encoder_len = 0;
+  std::int32_t cross_pages = 0;
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV

@@ -29,7 +29,11 @@ RuntimeOptions generation_runtime_options(std::span<const std::vector<std::int32
     total += static_cast<std::int32_t>(p.size());
     longest = std::max(longest, static_cast<std::int32_t>(p.size()));
   }
+  std::int32_t longest_encoder = 1;
+  for (const EncoderStatesView& e : o.encoders)
+    longest_encoder = std::max(longest_encoder, e.length);
   RuntimeOptions m;
+  m.max_encoder_len = longest_encoder;
   m.max_batch = static_cast<std::int32_t>(prompts.size());
   m.max_tokens = std::max(total, m.max_batch);
   m.max_kv_len = longest + o.new_tokens;
@@ -44,12 +48,25 @@ GenerateResult generate_greedy(const HostWeights& weights,
                                const GenerateOptions& o, cudaStream_t stream,
                                const StepCallback& on_step) {
   const std::int32_t vocab = weights.config.vocab_size;
+  const std::int32_t input_vocab = weights.config.input_vocab_size();
   for (std::size_t r = 0; r < prompts.size(); ++r) {
     GD_REQUIRE(!prompts[r].empty(), "prompts[" + std::to_string(r) + "]", 0, "empty prompt");
     for (std::int32_t id : prompts[r])
-      GD_REQUIRE(id >= 0 && id < vocab, "prompts[" + std::to_string(r) + "]", id,
-                 "token id outside [0, vocab)");
+      GD_REQUIRE(id >= 0 && id < input_vocab, "prompts[" + std::to_string(r) + "]", id,
+                 "token id outside [0, input vocab)");
   }
+  GD_REQUIRE(o.encoders.empty() || o.encoders.size() == prompts.size(), "encoders",
+             o.encoders.size(), "one entry per prompt, or none");
+  std::vector<std::int32_t> enc_len(prompts.size(), 0);
+  for (std::size_t r = 0; r < o.encoders.size(); ++r) {
+    enc_len[r] = o.encoders[r].length;
+    GD_REQUIRE(enc_len[r] >= 0, "encoders[" + std::to_string(r) + "].length", enc_len[r],
+               "cannot be negative");
+    GD_REQUIRE(enc_len[r] == 0 || weights.config.any_cross(), "encoders[" + std::to_string(r) + "]",
+               enc_len[r], "the model has no cross-attention layers");
+  }
+  GD_REQUIRE(o.control_encoder_len_of < static_cast<std::int32_t>(prompts.size()),
+             "control_encoder_len_of", o.control_encoder_len_of, "not a prompt index");
   const RuntimeOptions ro = generation_runtime_options(prompts, o);
   const AttentionLayout layout = llama_attention_layout(weights.config);
   const StepCapacity cap = step_capacity(ro, std::span<const AttentionLayout>(&layout, 1));
@@ -66,6 +83,21 @@ GenerateResult generate_greedy(const HostWeights& weights,
   const auto batch = static_cast<std::int32_t>(prompts.size());
   std::vector<StepRequest> requests(prompts.size());
   for (auto& r : requests) r.slot = ledger.acquire();
+  if (weights.config.any_cross()) {
+    // Cross pages per request (the control reserves the longest for all), the table applied,
+    // then every request's own states projected.
+    const std::int32_t longest = *std::max_element(enc_len.begin(), enc_len.end());
+    const bool control = o.control_encoder_len_of >= 0;
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      requests[r].encoder_len =
+          control ? enc_len[static_cast<std::size_t>(o.control_encoder_len_of)] : enc_len[r];
+      const std::int32_t pages_for = control ? longest : enc_len[r];
+      if (pages_for > 0) ledger.set_encoder(requests[r].slot, pages_for);
+    }
+    LlamaModel::apply_cross_table(runtime, stream);
+    for (std::size_t r = 0; r < o.encoders.size(); ++r)
+      model.encode(runtime, requests[r].slot, o.encoders[r], stream);
+  }
   std::vector<std::int32_t> ids;
   std::vector<std::int32_t> kv(prompts.size(), 0);  // tokens cached per request
   std::vector<float> logits(static_cast<std::size_t>(batch) * vocab);

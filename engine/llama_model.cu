@@ -19,7 +19,7 @@ unsigned blocks_for(std::int64_t items) {
 }
 
 // Copies the step's logits rows (token row logit_row[i] of x and residual) into rows i of
-// out_x and out_res.
+// out_x and out_res (x nullptr: residual only).
 struct GatherParams {
   const uint4* x;
   const uint4* res;
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto r = static_cast<std::int32_t>(i / p.row_vecs);
   const auto e = static_cast<std::int32_t>(i - static_cast<std::int64_t>(r) * p.row_vecs);
   const std::int64_t src = static_cast<std::int64_t>(p.logit_row[r]) * p.row_vecs + e;
-  p.out_x[i] = p.x[src];
+  if (p.x != nullptr) p.out_x[i] = p.x[src];
   p.out_res[i] = p.res[src];
 }
 
@@ -50,6 +50,7 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
       layout_(llama_attention_layout(weights.config)),
       max_tokens_(options.max_tokens),
       max_logit_rows_(options.max_logit_rows > 0 ? options.max_logit_rows : options.max_batch),
+      max_encoder_len_(options.max_encoder_len),
       weights_(weights, stream),
       rope_(llama_rope_config(weights.config), stream) {
   options.validate();
@@ -81,6 +82,7 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     buf->fill_bytes(0, stream);
   logits_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
+  allocate_encoder_staging(stream);
 }
 
 void LlamaModel::norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
@@ -148,8 +150,9 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
-  // residual += o; normed = norm(residual)
-  norm(proj_.data(), residual_.data(), w.post_norm, normed_.data(), num_tokens, rows, h, stream);
+  // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
+  // normed = norm(residual)
+  add_norm(m, w.attn_gate, w.post_norm, rows, stream);
   gemm_.run({normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16},
             stream);
   SwiGluArgs s;
@@ -178,7 +181,7 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   e.error_flag = bad_token_.data();
   e.num_rows = num_tokens;
   e.max_rows = rows;
-  e.vocab = config_.vocab_size;
+  e.vocab = config_.input_vocab_size();  // Mllama: the image token and reserved ids are inputs
   e.hidden = h;
   embedding(e, stream);
 
@@ -187,16 +190,23 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
       norm(residual_.data(), nullptr, w.input_norm, normed_.data(), num_tokens, rows, h, stream);
-    } else {  // residual += previous MLP output; normed = norm(residual)
-      norm(proj_.data(), residual_.data(), w.input_norm, normed_.data(), num_tokens, rows, h,
-           stream);
+    } else {  // residual += previous MLP output (gated if that layer was a cross layer)
+      add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, stream);
     }
-    attention_block(rt, m, l, rows, stream);
+    if (is_cross(l)) {
+      cross_attention_block(rt, m, l, rows, stream);
+    } else {
+      attention_block(rt, m, l, rows, stream);
+    }
     mlp_block(m, l, rows, stream);
   }
+  // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
+  // the residual alone.
+  const bool last_cross = is_cross(layers - 1);
+  if (last_cross) add_norm(m, weights_.layer(layers - 1).mlp_gate, nullptr, rows, stream);
 
   GatherParams g;
-  g.x = reinterpret_cast<const uint4*>(proj_.data());
+  g.x = last_cross ? nullptr : reinterpret_cast<const uint4*>(proj_.data());
   g.res = reinterpret_cast<const uint4*>(residual_.data());
   g.out_x = reinterpret_cast<uint4*>(logit_x_.data());
   g.out_res = reinterpret_cast<uint4*>(logit_res_.data());
@@ -207,8 +217,13 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   gather_rows_kernel<<<blocks_for(static_cast<std::int64_t>(logit_rows) * g.row_vecs), kThreads, 0,
                        stream>>>(g);
   GD_CHECK_LAUNCH();
-  norm(logit_x_.data(), logit_res_.data(), weights_.final_norm(), logit_normed_.data(),
-       m.scalars + StepMetaLayout::kNumLogitRows, logit_rows, h, stream);
+  if (last_cross) {
+    norm(logit_res_.data(), nullptr, weights_.final_norm(), logit_normed_.data(),
+         m.scalars + StepMetaLayout::kNumLogitRows, logit_rows, h, stream);
+  } else {
+    norm(logit_x_.data(), logit_res_.data(), weights_.final_norm(), logit_normed_.data(),
+         m.scalars + StepMetaLayout::kNumLogitRows, logit_rows, h, stream);
+  }
   gemm_.run({logit_normed_.data(), weights_.lm_head(), logits != nullptr ? logits : logits_.data(),
              logit_rows, h, config_.vocab_size, GemmOut::kF32},
             stream);

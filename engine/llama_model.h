@@ -1,15 +1,26 @@
-// The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3): the forward pass of one step, over
-// the attention context a ModelRuntime hands each layer (engine/runtime/model_runtime.h). It
-// owns the weights and activations; pools, prep and plans belong to the runtime.
+// The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and Mllama's text decoder with gated
+// cross-attention layers): the forward pass of one step, over the attention context a
+// ModelRuntime hands each layer (engine/runtime/model_runtime.h). It owns the weights and
+// activations; pools, prep and plans belong to the runtime.
 //
 // forward(), every size read from the prep metadata on the device:
 //   embedding(token ids)
-//   per layer:  h = rmsnorm(x [+ residual])          (layer 0: plain norm of the embedding)
+//   per self-attention layer:
+//               h = rmsnorm(x [+ residual])          (layer 0: plain norm of the embedding)
 //               qkv = h * Wqkv^T [+ bias]            (one fused GEMM)
 //               qkv_epilogue: [bias], Qwen3 per-head rmsnorm of q and k, rope(q, k, positions),
 //               q out, k and v into the layer's pool; o = paged attention (full or window)
 //               x = o * Wo^T [+ bias]; h = rmsnorm(x + residual)
 //               x = down(swiglu(h * Wgate_up^T))
+//   per cross-attention layer (Mllama, engine/llama_cross.cu):
+//               h = rmsnorm(x + residual)            (the residual add of the layer before)
+//               q = q_norm(h * Wq^T) per head (no RoPE); o = attention over the request's
+//               encoder keys in the cross pool (non-causal; written by encode() at admission)
+//               residual += tanh(attn_gate) * (o * Wo^T); h = rmsnorm(residual)
+//               x = down(swiglu(h * Wgate_up^T)), added as tanh(mlp_gate) * x by the next norm
+//               Both gated adds skip the rows of requests with encoder_len 0: the layer is then an
+//               exact identity for them (HF runs no cross layer for a text-only request), in the
+//               same graph as requests with encoder states.
 //   the step's logits rows (LogitRows: the last row of each request, every row, or a chosen row)
 //   gathered; final rmsnorm(x + residual); logits [max_logit_rows][vocab] (float) = lm_head (the
 //   embedding when tied).
@@ -33,18 +44,41 @@
 
 namespace graphdecode {
 
-// The attention layout of a Llama-family config (layer kinds, heads, window). Throws Error when
-// the model cannot run: sliding layers with different windows (one sliding pool), a head dim
-// other than 64/128/256, hidden or intermediate sizes the row kernels do not take.
+// The attention layout of a Llama-family config (layer kinds incl. cross, heads, window). Throws
+// Error when the model cannot run: sliding layers with different windows (one sliding pool), a
+// head dim other than 64/128/256, hidden or intermediate sizes the row kernels do not take.
 AttentionLayout llama_attention_layout(const ModelConfig& config);
 // RoPE table parameters of the config (theta, llama3 / linear scaling).
 RopeConfig llama_rope_config(const ModelConfig& config);
 
+// A request's encoder states as encode() reads them: bf16 [length][hidden], row-major.
+struct EncoderStatesView {
+  const std::uint16_t* data = nullptr;  // host or device memory (on_device)
+  std::int32_t length = 0;              // rows (the request's encoder_len)
+  bool on_device = false;
+};
+
 class LlamaModel {
  public:
   // Uploads the weights and allocates the activations for `options.max_tokens` rows and
-  // `options.max_logit_rows` logits rows.
+  // `options.max_logit_rows` logits rows; a model with cross layers also its encoder staging for
+  // `options.max_encoder_len` rows (which must then be >= 1).
   LlamaModel(const HostWeights& weights, const RuntimeOptions& options, cudaStream_t stream);
+
+  // Cross-attention models, eagerly, outside any step (when a request is admitted): projects the
+  // request's encoder states with every cross layer's k/v projections (and k_norm on K) and
+  // writes the keys and values into `runtime`'s cross pool at positions [0, length) of `slot`.
+  // The cross pool's table must already hold the slot's pages (KvLedger::set_encoder, then the
+  // pool's commands applied: apply_cross_table). Stream-ordered, no host sync: a host `data` is
+  // copied into start-up staging (pageable memory: the copy is done when this returns), a device
+  // `data` is read by the GEMMs on `stream` and must stay valid until they ran. length 0 does
+  // nothing. Error (nothing enqueued) for a model without cross layers, a length outside
+  // [0, max_encoder_len], a slot outside the pools, a null pointer.
+  void encode(const ModelRuntime& runtime, std::int32_t slot, const EncoderStatesView& states,
+              cudaStream_t stream);
+  // Applies the step ledger's pending commands of `runtime`'s cross pool to its device table now
+  // and clears them (they then ride in no step image): what encode() needs first.
+  static void apply_cross_table(ModelRuntime& runtime, cudaStream_t stream);
 
   // Capture-safe (no allocation, no host sync): the step's forward over `runtime`'s attention.
   // `shape` fixes the grids: token_capacity rows through the layers, logit_capacity logits rows.
@@ -68,16 +102,29 @@ class LlamaModel {
  private:
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
                        std::int32_t rows, cudaStream_t stream);
+  // Cross layers (engine/llama_cross.cu): q projection, per-head q norm, attention over the
+  // encoder keys, o projection into proj_.
+  void cross_attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
+                             std::int32_t rows, cudaStream_t stream);
+  // residual += proj_ (tanh(gate) * proj_ on rows with encoder keys when `gate`); normed_ =
+  // rmsnorm(residual) with `w`; `w` nullptr: the residual update alone.
+  void add_norm(const StepMetaView& meta, const std::uint16_t* gate, const std::uint16_t* w,
+                std::int32_t rows, cudaStream_t stream);
   void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows,
                  cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
             std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,
             std::int32_t hidden, cudaStream_t stream) const;
+  bool is_cross(std::int32_t layer) const noexcept {
+    return layout_.layers[static_cast<std::size_t>(layer)] == AttentionKind::kCross;
+  }
+  void allocate_encoder_staging(cudaStream_t stream);
 
   ModelConfig config_;
   AttentionLayout layout_;
   std::int32_t max_tokens_ = 0;
   std::int32_t max_logit_rows_ = 0;
+  std::int32_t max_encoder_len_ = 0;  // cross models: longest encoder input (encode staging)
   DeviceWeights weights_;
   RopeTable rope_;
   Gemm gemm_;
@@ -94,6 +141,12 @@ class LlamaModel {
   // [max_logit_rows][hidden]: the logits rows' x, residual and final norm.
   DeviceBuffer<std::uint16_t> logit_x_, logit_res_, logit_normed_;
   DeviceBuffer<float> logits_;  // [max_logit_rows][vocab]
+  // encode() staging (cross models only): host states copied here, each cross layer's K and V,
+  // and write_new_kv's destinations (count, then the slot per row, then positions 0..n-1).
+  DeviceBuffer<std::uint16_t> enc_states_;  // [max_encoder_len][hidden]
+  DeviceBuffer<std::uint16_t> enc_k_;       // [max_encoder_len][kv]
+  DeviceBuffer<std::uint16_t> enc_v_;       // [max_encoder_len][kv]
+  DeviceBuffer<std::int32_t> enc_meta_;     // [1 + 2 * max_encoder_len]
 };
 
 }  // namespace graphdecode

@@ -28,9 +28,9 @@ AttentionLayout llama_attention_layout(const ModelConfig& c) {
       a.window_left = la.window_left;
       a.layers.push_back(AttentionKind::kSliding);
     } else {
-      GD_REQUIRE(la.kind != AttentionKind::kCross, "layers[" + std::to_string(l) + "].kind",
-                 "cross", "a Llama-family decoder has no cross-attention layer");
-      a.layers.push_back(AttentionKind::kFull);
+      // Cross layers attend over the request's encoder keys in the model's cross pool.
+      a.layers.push_back(la.kind == AttentionKind::kCross ? AttentionKind::kCross
+                                                          : AttentionKind::kFull);
     }
   }
   a.validate();

@@ -78,8 +78,10 @@ ModelFamily parse_family(const Fields& f) {
   if (t == "mistral") return ModelFamily::kMistral;
   if (t == "qwen2") return ModelFamily::kQwen2;
   if (t == "qwen3") return ModelFamily::kQwen3;
+  if (t == "mllama_text_model") return ModelFamily::kMllama;
   f.fail("model_type", t.empty() ? "(missing)" : t,
-         "unsupported model_type (llama, mistral, qwen2, qwen3 are supported)");
+         "unsupported model_type (llama, mistral, qwen2, qwen3, mllama, mllama_text_model are "
+         "supported)");
 }
 
 // architectures[0] must be the causal-LM head of the model family: another head (sequence
@@ -91,7 +93,8 @@ std::string parse_architecture(const Fields& f, ModelFamily family) {
     f.fail("architectures", a->dump(), "architectures must list exactly one name");
   const std::string name = (*a)[0].get<std::string>();
   static constexpr const char* kExpected[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                              "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+                                              "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                              "MllamaForCausalLM"};
   if (name != kExpected[static_cast<int>(family)])
     f.fail("architectures", name, "unsupported architecture for this model_type");
   return name;
@@ -167,6 +170,7 @@ void parse_biases(const Fields& f, ModelConfig& c) {
       c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
       break;
     case ModelFamily::kMistral:
+    case ModelFamily::kMllama:  // MllamaTextSelfAttention / CrossAttention: bias=False
       c.qkv_bias = c.o_bias = false;
       break;
   }
@@ -215,6 +219,74 @@ void parse_layers(const Fields& f, ModelConfig& c) {
     if (sliding[i] && window_left >= 0) c.layers[i] = {AttentionKind::kSliding, window_left};
 }
 
+// Mllama: the layers listed in cross_attention_layers are gated cross-attention blocks. Absent or
+// null: HF's default list (MllamaTextConfig.__post_init__), which fits its 40-layer default.
+void parse_cross_layers(const Fields& f, ModelConfig& c) {
+  std::vector<std::int64_t> cross = {3, 8, 13, 18, 23, 28, 33, 38};
+  if (const json* cl = f.find("cross_attention_layers")) {
+    if (!cl->is_array()) f.fail("cross_attention_layers", cl->dump(), "must be a list of ints");
+    cross.clear();
+    for (const json& i : *cl) {
+      if (!i.is_number_integer())
+        f.fail("cross_attention_layers", i.dump(), "must be a list of layer indices");
+      cross.push_back(i.get<std::int64_t>());
+    }
+  }
+  for (const std::int64_t i : cross) {
+    if (i < 0 || i >= c.num_hidden_layers)
+      f.fail("cross_attention_layers", std::to_string(i),
+             "layer index outside [0, num_hidden_layers = " + std::to_string(c.num_hidden_layers) +
+                 ")");
+    LayerAttention& l = c.layers[static_cast<std::size_t>(i)];
+    if (l.kind == AttentionKind::kCross)
+      f.fail("cross_attention_layers", std::to_string(i), "layer listed twice");
+    l = {AttentionKind::kCross, -1};
+  }
+}
+
+// Mllama's MllamaTextModel: embedding of vocab_size + 8 rows, head_dim from hidden / heads, no
+// biases, no tying (lm_head has 8 rows fewer than the embedding it would share).
+void parse_mllama(const Fields& f, ModelConfig& c) {
+  c.extra_input_tokens = 8;
+  if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (c.tie_word_embeddings)
+    f.fail("tie_word_embeddings", "true",
+           "Mllama's embedding has vocab_size + 8 rows and lm_head vocab_size: they cannot be "
+           "tied");
+  parse_cross_layers(f, c);
+}
+
+// MllamaForConditionalGeneration's config.json: the text decoder is text_config (its
+// model_type mllama_text_model); the vision tower's config is not read. Returns the text
+// config object with the checkpoint dtype filled in from the top level when it has none.
+json mllama_text_config(const json& root, const std::string& source) {
+  const Fields top(root, source);
+  const json* a = top.find("architectures");
+  if (a && !(a->is_array() && a->size() == 1 && (*a)[0] == "MllamaForConditionalGeneration"))
+    top.fail("architectures", a->dump(),
+             "unsupported architecture for model_type mllama (MllamaForConditionalGeneration)");
+  if (top.boolean("tie_word_embeddings", false))
+    top.fail("tie_word_embeddings", "true",
+             "Mllama's embedding has vocab_size + 8 rows and lm_head vocab_size: they cannot be "
+             "tied");
+  const json* tc = top.find("text_config");
+  if (!tc || !tc->is_object())
+    top.fail("text_config", tc ? tc->dump() : "(missing)",
+             "model_type mllama needs the text decoder's config (an object)");
+  json text = *tc;
+  const json mt = text.value("model_type", json("mllama_text_model"));
+  if (mt != "mllama_text_model")
+    top.fail("text_config.model_type", mt.dump(), "must be mllama_text_model");
+  text["model_type"] = "mllama_text_model";
+  text.erase("architectures");  // MllamaForCausalLM or null; the top level named the model
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const bool has_dtype = (text.contains("dtype") && !text["dtype"].is_null()) ||
+                           (text.contains("torch_dtype") && !text["torch_dtype"].is_null());
+    if (!has_dtype && root.contains(key) && !root[key].is_null()) text[key] = root[key];
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string_view model_family_name(ModelFamily f) {
@@ -227,6 +299,8 @@ std::string_view model_family_name(ModelFamily f) {
       return "qwen2";
     case ModelFamily::kQwen3:
       return "qwen3";
+    case ModelFamily::kMllama:
+      return "mllama";
   }
   return "?";
 }
@@ -235,6 +309,16 @@ bool ModelConfig::any_sliding() const {
   for (const LayerAttention& l : layers)
     if (l.kind == AttentionKind::kSliding) return true;
   return false;
+}
+
+bool ModelConfig::any_cross() const {
+  return num_cross_layers() > 0;
+}
+
+std::int32_t ModelConfig::num_cross_layers() const {
+  std::int32_t n = 0;
+  for (const LayerAttention& l : layers) n += l.kind == AttentionKind::kCross;
+  return n;
 }
 
 ModelConfig ModelConfig::from_json_text(std::string_view text, std::string_view source_view) {
@@ -250,11 +334,15 @@ ModelConfig ModelConfig::from_json_text(std::string_view text, std::string_view 
   // Mistral: an absent sliding_window means HF's class default 4096, a null means none.
   if (root.value("model_type", json()) == "mistral" && !root.contains("sliding_window"))
     root["sliding_window"] = 4096;
+  // MllamaForConditionalGeneration: the text decoder's fields live in text_config.
+  const bool conditional = root.value("model_type", json()) == "mllama";
+  if (conditional) root = mllama_text_config(root, source);
 
-  const Fields f(root, source);
+  const Fields f(root, source, conditional ? "text_config." : "");
   ModelConfig c;
   c.family = parse_family(f);
-  c.architecture = parse_architecture(f, c.family);
+  c.architecture =
+      conditional ? std::string("MllamaForConditionalGeneration") : parse_architecture(f, c.family);
   refuse_unsupported(f, c.family);
   c.vocab_size = f.int32("vocab_size");
   c.hidden_size = f.int32("hidden_size");
@@ -272,6 +360,7 @@ ModelConfig ModelConfig::from_json_text(std::string_view text, std::string_view 
   parse_rope(f, c);
   parse_biases(f, c);
   parse_layers(f, c);
+  if (c.family == ModelFamily::kMllama) parse_mllama(f, c);
   try {
     c.validate();
   } catch (const Error& e) {
@@ -290,6 +379,8 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
 
 void ModelConfig::validate() const {
   GD_REQUIRE(vocab_size > 0, "vocab_size", vocab_size, "must be > 0");
+  GD_REQUIRE(extra_input_tokens >= 0 && extra_input_tokens <= 1024, "extra_input_tokens",
+             extra_input_tokens, "in [0, 1024]");
   GD_REQUIRE(hidden_size > 0, "hidden_size", hidden_size, "must be > 0");
   GD_REQUIRE(intermediate_size > 0, "intermediate_size", intermediate_size, "must be > 0");
   GD_REQUIRE(num_hidden_layers > 0, "num_hidden_layers", num_hidden_layers, "must be > 0");
@@ -322,10 +413,18 @@ void ModelConfig::validate() const {
              "must have num_hidden_layers entries");
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerAttention& l = layers[i];
-    const bool ok = l.kind == AttentionKind::kFull ? l.window_left < 0 : l.window_left >= 0;
+    const bool ok = l.kind == AttentionKind::kSliding ? l.window_left >= 0 : l.window_left < 0;
     GD_REQUIRE(ok, "layers[" + std::to_string(i) + "].window_left", l.window_left,
-               "full layers have window_left < 0, sliding layers >= 0");
+               "full and cross layers have window_left < 0, sliding layers >= 0");
+    // A cross layer's weights are Mllama's (cross_attn.*, gates): no other family has them.
+    GD_REQUIRE(l.kind != AttentionKind::kCross || family == ModelFamily::kMllama,
+               "layers[" + std::to_string(i) + "].kind", "cross",
+               "gated cross-attention layers belong to the mllama family");
   }
+  GD_REQUIRE(!(family == ModelFamily::kMllama && tie_word_embeddings), "tie_word_embeddings",
+             "true", "Mllama's embedding has vocab_size + extra_input_tokens rows: cannot tie");
+  GD_REQUIRE(!tie_word_embeddings || extra_input_tokens == 0, "tie_word_embeddings", "true",
+             "a tied lm_head has the embedding's rows: extra_input_tokens must be 0");
   GD_REQUIRE(!(o_bias && !qkv_bias), "o_bias", o_bias, "an o bias comes with q/k/v biases");
 }
 
@@ -347,6 +446,53 @@ ModelConfig small_test_config() {
   c.layers.resize(c.num_hidden_layers);
   for (std::int32_t i = 1; i < c.num_hidden_layers; i += 2)
     c.layers[i] = {AttentionKind::kSliding, window_left_from_hf_sliding_window(32)};
+  c.validate();
+  return c;
+}
+
+ModelConfig small_cross_test_config() {
+  ModelConfig c = small_test_config();
+  c.family = ModelFamily::kMllama;
+  c.architecture = "MllamaForCausalLM";
+  c.extra_input_tokens = 8;
+  c.num_hidden_layers = 6;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  c.layers[1] = c.layers[4] = {AttentionKind::kCross, -1};
+  c.validate();
+  return c;
+}
+
+ModelConfig mllama_1b_class_config() {
+  ModelConfig c = llama_1b_config();
+  c.family = ModelFamily::kMllama;
+  c.architecture = "MllamaForCausalLM";
+  c.extra_input_tokens = 8;
+  c.tie_word_embeddings = false;
+  c.num_hidden_layers = 20;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  for (std::size_t l = 3; l < c.layers.size(); l += 5) c.layers[l] = {AttentionKind::kCross, -1};
+  c.validate();
+  return c;
+}
+
+ModelConfig mllama_11b_text_config() {
+  ModelConfig c;
+  c.family = ModelFamily::kMllama;
+  c.architecture = "MllamaForCausalLM";
+  c.vocab_size = 128256;
+  c.extra_input_tokens = 8;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 40;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.max_position_embeddings = 131072;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  for (std::size_t l = 3; l < c.layers.size(); l += 5) c.layers[l] = {AttentionKind::kCross, -1};
   c.validate();
   return c;
 }

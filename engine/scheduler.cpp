@@ -15,6 +15,11 @@ void SchedulerConfig::validate() const {
   GD_REQUIRE(max_context > 1, "max_context", max_context, "must be at least 2");
   GD_REQUIRE(vocab_size > 0, "vocab_size", vocab_size, "must be positive");
   GD_REQUIRE(reserve_slack >= 0, "reserve_slack", reserve_slack, "cannot be negative");
+  GD_REQUIRE(input_vocab_size == 0 || input_vocab_size >= vocab_size, "input_vocab_size",
+             input_vocab_size, "0 (= vocab_size) or at least vocab_size");
+  GD_REQUIRE(max_encoder_len >= 0, "max_encoder_len", max_encoder_len, "cannot be negative");
+  GD_REQUIRE(max_encoder_len == 0 || encoder_width > 0, "encoder_width", encoder_width,
+             "a cross-attention model needs the encoder states' width (its hidden size)");
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvLedger& ledger)
@@ -27,16 +32,19 @@ KvReservation Scheduler::reservation(const RequestSpec& s) const {
   KvReservation r;
   r.max_tokens =
       static_cast<std::int32_t>(s.prompt.size()) + s.max_new_tokens + config_.reserve_slack;
+  r.encoder_len = s.encoder.length;
   return r;
 }
 
 RequestId Scheduler::submit(RequestSpec spec) {
   const auto prompt_len = static_cast<std::int64_t>(spec.prompt.size());
   GD_REQUIRE(prompt_len > 0, "prompt", "empty", "a request needs at least one prompt token");
+  const std::int32_t input_vocab =
+      config_.input_vocab_size > 0 ? config_.input_vocab_size : config_.vocab_size;
   for (std::size_t i = 0; i < spec.prompt.size(); ++i) {
     const std::int32_t t = spec.prompt[i];
-    GD_REQUIRE(t >= 0 && t < config_.vocab_size, "prompt[" + std::to_string(i) + "]", t,
-               "token id outside the vocabulary of " + std::to_string(config_.vocab_size));
+    GD_REQUIRE(t >= 0 && t < input_vocab, "prompt[" + std::to_string(i) + "]", t,
+               "token id outside the vocabulary of " + std::to_string(input_vocab));
   }
   for (std::int32_t t : spec.stop_tokens)
     GD_REQUIRE(t >= 0 && t < config_.vocab_size, "stop_tokens", t,
@@ -49,12 +57,29 @@ RequestId Scheduler::submit(RequestSpec spec) {
   GD_REQUIRE(sp.temperature >= 0.f, "sampling.temperature", sp.temperature, "must be >= 0");
   GD_REQUIRE(sp.top_k >= 0, "sampling.top_k", sp.top_k, "must be >= 0");
   GD_REQUIRE(sp.top_p > 0.f && sp.top_p <= 1.f, "sampling.top_p", sp.top_p, "must be in (0, 1]");
+  const EncoderStates& enc = spec.encoder;
+  GD_REQUIRE(config_.max_encoder_len > 0 || (enc.length == 0 && enc.data == nullptr), "encoder",
+             enc.length, "the model has no cross-attention layers: it takes no encoder states");
+  GD_REQUIRE(enc.length >= 0 && enc.length <= config_.max_encoder_len, "encoder.length", enc.length,
+             "outside [0, max_encoder_len = " + std::to_string(config_.max_encoder_len) + "]");
+  if (enc.length > 0) {
+    GD_REQUIRE(enc.width == config_.encoder_width, "encoder.width", enc.width,
+               "encoder states must have the model's hidden size (" +
+                   std::to_string(config_.encoder_width) + ") columns");
+    GD_REQUIRE(enc.data != nullptr, "encoder.data", "nullptr", "encoder states of length > 0");
+  }
   ledger_.require_fits(reservation(spec));
 
   const RequestId id = next_id_++;
   Request r;
   r.tokens.reserve(spec.prompt.size() + static_cast<std::size_t>(spec.max_new_tokens));
-  r.tokens = spec.prompt;  // capacity reserved above: spans into it never move
+  r.tokens = spec.prompt;                  // capacity reserved above: spans into it never move
+  if (enc.length > 0 && !enc.on_device) {  // host states: the caller may free them on return
+    const std::size_t n = static_cast<std::size_t>(enc.length) * enc.width;
+    r.encoder_copy.assign(enc.data, enc.data + n);
+  } else if (enc.length == 0) {
+    spec.encoder = EncoderStates{};
+  }
   r.spec = std::move(spec);
   requests_.emplace(id, std::move(r));
   queue_.push_back(id);
@@ -101,7 +126,7 @@ void Scheduler::next_step(StepPlan& plan) {
           PlannedRequest{id, r.slot, r.cached, chunk,
                          std::span<const std::int32_t>(r.tokens).subspan(
                              static_cast<std::size_t>(r.cached), static_cast<std::size_t>(chunk)),
-                         r.cached + chunk == prompt_len});
+                         r.cached + chunk == prompt_len, r.spec.encoder.length});
       budget -= chunk;
     }
     return;
@@ -113,7 +138,7 @@ void Scheduler::next_step(StepPlan& plan) {
     plan.requests.push_back(PlannedRequest{
         id, r.slot, r.cached, 1,
         std::span<const std::int32_t>(r.tokens).subspan(static_cast<std::size_t>(r.cached), 1),
-        true});
+        true, r.spec.encoder.length});
   }
 }
 
@@ -214,6 +239,23 @@ const SamplingParams& Scheduler::sampling(RequestId id) const {
 }
 bool Scheduler::speculates(RequestId id) const {
   return find(id).spec.speculate;
+}
+std::int32_t Scheduler::slot(RequestId id) const {
+  const Request& r = find(id);
+  GD_REQUIRE(r.admitted, "request", id, "is waiting: it has no slot yet");
+  return r.slot;
+}
+EncoderStates Scheduler::encoder(RequestId id) const {
+  const Request& r = find(id);
+  EncoderStates e = r.spec.encoder;
+  if (e.length > 0 && !e.on_device)
+    e.data = r.encoder_copy.empty() ? nullptr : r.encoder_copy.data();
+  return e;
+}
+void Scheduler::drop_encoder_states(RequestId id) {
+  const auto it = requests_.find(id);
+  GD_REQUIRE(it != requests_.end(), "request", id, "unknown or finished request");
+  it->second.encoder_copy = {};  // frees the host copy
 }
 
 }  // namespace graphdecode

@@ -15,7 +15,8 @@
 // only when every pool of the model can reserve the most pages its whole extent (prompt +
 // max_new_tokens) will hold there, and keeps them until it finishes. So a running request never
 // meets a full pool; when a pool is full, new requests wait (never an error, never dropped). A
-// request that could never fit is refused at submit().
+// request that could never fit is refused at submit(). A request with encoder states reserves its
+// encoder's pages in the cross pools too, and returns them when it finishes.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +38,28 @@ struct SamplingParams {
   std::uint64_t seed = 0;
 };
 
+// A request's encoder states: the output of a vision or audio encoder the caller runs (projected
+// to the text model's width), which a cross-attention model's cross layers attend to. The cross
+// K/V are computed from them once, when the request is admitted (LlamaModel::encode).
+// Lifetime: host memory is copied by submit() (the caller may free it once submit returns);
+// device memory is read on the engine's stream during the step that admits the request, so it
+// must stay valid and unchanged until the request's first TokenEvent (a token or its
+// cancellation) has been delivered, and be complete before submit() (synchronize the stream that
+// wrote it).
+struct EncoderStates {
+  const std::uint16_t* data = nullptr;  // bf16 bits, [length][width] row-major
+  std::int32_t length = 0;              // encoder_len: 0 = a text-only request
+  std::int32_t width = 0;               // columns: must be the model's hidden size
+  bool on_device = false;               // data is CUDA device memory (else host memory)
+};
+
 struct RequestSpec {
   std::vector<std::int32_t> prompt;       // token ids, non-empty
   std::int32_t max_new_tokens = 16;       // >= 1
   std::vector<std::int32_t> stop_tokens;  // generation ends after emitting one of these
   SamplingParams sampling;
   bool speculate = true;  // in an engine with speculative decoding: draft for this request
+  EncoderStates encoder;  // cross-attention models only; length 0 = text only
 };
 
 struct SchedulerConfig {
@@ -53,6 +70,13 @@ struct SchedulerConfig {
   // Positions a request may hold past prompt + max_new_tokens (a speculative step verifies k
   // drafts past its last committed token): part of every reservation.
   std::int32_t reserve_slack = 0;
+  // Prompt token ids are in [0, input_vocab_size) (Mllama: the image token and reserved ids past
+  // vocab_size); 0 = vocab_size. Stop and sampled tokens stay in [0, vocab_size).
+  std::int32_t input_vocab_size = 0;
+  // Cross-attention models: the longest encoder input and its width (the hidden size). 0: the
+  // model has no cross layers and refuses encoder states.
+  std::int32_t max_encoder_len = 0;
+  std::int32_t encoder_width = 0;
 
   void validate() const;  // Error names the bad field
 };
@@ -66,6 +90,7 @@ struct PlannedRequest {
   std::int32_t extend_len = 0;           // tokens this step adds
   std::span<const std::int32_t> tokens;  // the extend_len token ids of this step
   bool samples = false;  // the step's last token is a sampling position (prompt done / decode)
+  std::int32_t encoder_len = 0;  // the request's encoder keys in the cross pools (0 = none)
 };
 
 struct StepPlan {
@@ -123,6 +148,12 @@ class Scheduler {
   std::int32_t generated(RequestId id) const;
   const SamplingParams& sampling(RequestId id) const;
   bool speculates(RequestId id) const;
+  std::int32_t slot(RequestId id) const;  // admitted requests: the slot in every pool
+  // The request's encoder states (data: the submit-time copy for host memory, else the caller's
+  // device pointer; nullptr once dropped). length 0: none.
+  EncoderStates encoder(RequestId id) const;
+  // Frees the host copy of the request's encoder states once the runner has projected them.
+  void drop_encoder_states(RequestId id);
 
  private:
   struct Request {
@@ -132,6 +163,7 @@ class Scheduler {
     std::int32_t generated = 0;
     std::int32_t slot = 0;  // while admitted
     bool admitted = false;
+    std::vector<std::uint16_t> encoder_copy;  // host encoder states until projected
   };
   KvReservation reservation(const RequestSpec& s) const;
   const Request& find(RequestId id) const;

@@ -46,10 +46,27 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
   const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
   const std::int64_t q = c.q_size(), kv = c.kv_size(), hd = c.head_dim;
   std::vector<TensorSpec> out;
-  add(out, "model.embed_tokens.weight", {vocab, hidden});
+  add(out, "model.embed_tokens.weight", {c.input_vocab_size(), hidden});
   for (std::int32_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add(out, p + "input_layernorm.weight", {hidden});
+    if (c.layers[static_cast<std::size_t>(i)].kind == AttentionKind::kCross) {
+      // MllamaCrossAttentionDecoderLayer: k/v project the encoder states, q/k per-head norms,
+      // tanh gates on the attention and MLP outputs.
+      add(out, p + "cross_attn.q_proj.weight", {q, hidden});
+      add(out, p + "cross_attn.k_proj.weight", {kv, hidden});
+      add(out, p + "cross_attn.v_proj.weight", {kv, hidden});
+      add(out, p + "cross_attn.o_proj.weight", {hidden, q});
+      add(out, p + "cross_attn.q_norm.weight", {hd});
+      add(out, p + "cross_attn.k_norm.weight", {hd});
+      add(out, p + "cross_attn_attn_gate", {1});
+      add(out, p + "cross_attn_mlp_gate", {1});
+      add(out, p + "post_attention_layernorm.weight", {hidden});
+      add(out, p + "mlp.gate_proj.weight", {inter, hidden});
+      add(out, p + "mlp.up_proj.weight", {inter, hidden});
+      add(out, p + "mlp.down_proj.weight", {hidden, inter});
+      continue;
+    }
     add(out, p + "self_attn.q_proj.weight", {q, hidden});
     add(out, p + "self_attn.k_proj.weight", {kv, hidden});
     add(out, p + "self_attn.v_proj.weight", {kv, hidden});
@@ -77,6 +94,12 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
 bool is_ignorable_tensor(const std::string& name, const ModelConfig& c) {
   static constexpr std::string_view kInvFreq = "rotary_emb.inv_freq";
   if (name.size() >= kInvFreq.size() && name.ends_with(kInvFreq)) return true;
+  // The vision tower and projector of a vision-language checkpoint: the caller runs the encoder.
+  if (c.architecture == kMllamaConditional) {
+    for (std::string_view prefix : {"vision_model.", "multi_modal_projector.",
+                                    "model.vision_model.", "model.multi_modal_projector."})
+      if (name.starts_with(prefix)) return true;
+  }
   // Tied: HF uses the embedding and ignores a saved lm_head copy.
   return c.tie_word_embeddings && name == "lm_head.weight";
 }
@@ -99,31 +122,55 @@ std::size_t HostWeights::total_bytes() const {
   return b;
 }
 
+CheckpointNaming checkpoint_naming(const ModelConfig& config,
+                                   const SafetensorsCheckpoint& checkpoint) {
+  if (config.architecture != kMllamaConditional) return CheckpointNaming::kPlain;
+  if (checkpoint.find("model.language_model.embed_tokens.weight") != nullptr &&
+      checkpoint.find("language_model.model.embed_tokens.weight") == nullptr)
+    return CheckpointNaming::kModelLanguageModel;
+  return CheckpointNaming::kLanguageModel;  // missing tensors are then named in this layout
+}
+
+std::string checkpoint_name(const std::string& name, CheckpointNaming naming) {
+  switch (naming) {
+    case CheckpointNaming::kPlain:
+      break;
+    case CheckpointNaming::kLanguageModel:
+      return "language_model." + name;
+    case CheckpointNaming::kModelLanguageModel:
+      if (name.starts_with("model.")) return "model.language_model." + name.substr(6);
+      break;
+  }
+  return name;
+}
+
 HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint& ckpt) {
   config.validate();
   const std::vector<TensorSpec> specs = expected_tensors(config);
+  const CheckpointNaming naming = checkpoint_naming(config, ckpt);
+  const auto stored = [naming](const TensorSpec& s) { return checkpoint_name(s.name, naming); };
 
   // Check everything before converting anything: a mismatch should fail fast, not after
   // minutes of conversion.
   std::size_t missing = 0;
   const TensorSpec* first_missing = nullptr;
   for (const TensorSpec& s : specs) {
-    const TensorInfo* t = ckpt.find(s.name);
+    const TensorInfo* t = ckpt.find(stored(s));
     if (!t) {
       if (!first_missing) first_missing = &s;
       ++missing;
       continue;
     }
     if (t->shape != s.shape)
-      throw Error("shape mismatch", ckpt.file_of(s.name), s.name,
+      throw Error("shape mismatch", ckpt.file_of(stored(s)), stored(s),
                   "checkpoint " + shape_to_string(t->shape) + ", config expects " +
                       shape_to_string(s.shape));
   }
   if (first_missing)
     throw Error("missing tensor (" + std::to_string(missing) + " missing in all)", ckpt.source(),
-                first_missing->name, "expected " + shape_to_string(first_missing->shape));
+                stored(*first_missing), "expected " + shape_to_string(first_missing->shape));
   std::map<std::string, const TensorSpec*> by_name;
-  for (const TensorSpec& s : specs) by_name[s.name] = &s;
+  for (const TensorSpec& s : specs) by_name[stored(s)] = &s;
   for (const std::string& name : ckpt.names())
     if (!by_name.count(name) && !is_ignorable_tensor(name, config))
       throw Error("unexpected tensor (not used by this config)", ckpt.file_of(name), name,
@@ -134,7 +181,7 @@ HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint&
   for (const TensorSpec& s : specs) {
     HostTensor& h = w.tensors[s.name];
     h.shape = s.shape;
-    to_bf16(*ckpt.find(s.name), h.data);
+    to_bf16(*ckpt.find(stored(s)), h.data);
   }
   return w;
 }

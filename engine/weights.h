@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/model_config.h"
@@ -21,15 +22,32 @@ struct TensorSpec {
   std::vector<std::int64_t> shape;  // HF layout: linear weights are [out_features, in_features]
 };
 
-// Every tensor `config` needs, in model order: embed_tokens [vocab, hidden]; per layer:
-// input_layernorm [hidden], q/k/v/o_proj weights ([q_size, hidden], [kv_size, hidden] x2,
-// [hidden, q_size]) and biases when configured, Qwen3 q_norm/k_norm [head_dim],
-// post_attention_layernorm [hidden], gate/up_proj [inter, hidden], down_proj [hidden, inter];
+// Every tensor `config` needs, in model order: embed_tokens [input_vocab_size, hidden]; per
+// self-attention layer: input_layernorm [hidden], self_attn.q/k/v/o_proj weights ([q_size,
+// hidden], [kv_size, hidden] x2, [hidden, q_size]) and biases when configured, Qwen3
+// q_norm/k_norm [head_dim], post_attention_layernorm [hidden], gate/up_proj [inter, hidden],
+// down_proj [hidden, inter]; per cross-attention layer (Mllama): input_layernorm,
+// cross_attn.q/k/v/o_proj (k/v project the encoder states), cross_attn.q_norm/k_norm [head_dim],
+// cross_attn_attn_gate [1], post_attention_layernorm, the MLP, cross_attn_mlp_gate [1];
 // model.norm [hidden]; lm_head [vocab, hidden] unless tie_word_embeddings.
 std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
 
+// ModelConfig::architecture of a vision-language Mllama checkpoint (its text decoder is loaded).
+inline constexpr std::string_view kMllamaConditional = "MllamaForConditionalGeneration";
+
+// Where a checkpoint stores the tensors expected_tensors() names. MllamaForConditionalGeneration
+// checkpoints keep the text decoder under a prefix: "language_model." (the Hub's files and
+// transformers' save_pretrained: language_model.model.layers.0..., language_model.lm_head.weight)
+// or transformers 5's in-memory layout (model.language_model.layers.0..., lm_head.weight).
+enum class CheckpointNaming : std::uint8_t { kPlain, kLanguageModel, kModelLanguageModel };
+CheckpointNaming checkpoint_naming(const ModelConfig& config,
+                                   const SafetensorsCheckpoint& checkpoint);
+std::string checkpoint_name(const std::string& name, CheckpointNaming naming);
+
 // Checkpoint tensors that carry no weights the engine needs and are skipped without complaint:
-// RoPE inverse-frequency buffers, and lm_head.weight when it is tied to the embedding.
+// RoPE inverse-frequency buffers, lm_head.weight when it is tied to the embedding, and a
+// vision-language checkpoint's vision tower and projector (vision_model.*,
+// multi_modal_projector.*, also under model.).
 bool is_ignorable_tensor(const std::string& name, const ModelConfig& config);
 
 struct HostTensor {
@@ -55,7 +73,9 @@ HostWeights load_checkpoint(const std::string& dir);
 // The same checks and conversion for a config and an already opened checkpoint.
 HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint& checkpoint);
 
-// Seeded random weights: linear weights, embeddings and biases ~ N(0, 0.02^2), norm weights 1.
+// Seeded random weights: linear weights, embeddings and biases ~ N(0, 0.02^2), norm weights 1,
+// cross-attention gates +-[0.5, 1) (tanh 0.46..0.76; HF starts them at 0, which would switch the
+// cross layers off and leave nothing to test).
 // Deterministic for (config, seed), independent of thread count; different seeds differ.
 HostWeights synthetic_weights(const ModelConfig& config, std::uint64_t seed);
 

@@ -50,6 +50,10 @@ void fill_normal(std::uint16_t* out, std::size_t n, std::uint64_t state) {
   }
 }
 
+bool is_gate(const std::string& name) {
+  return name.ends_with("cross_attn_attn_gate") || name.ends_with("cross_attn_mlp_gate");
+}
+
 bool is_norm(const std::string& name) {
   return name.ends_with("layernorm.weight") || name.ends_with("_norm.weight") ||
          name == "model.norm.weight";
@@ -75,6 +79,13 @@ HostWeights synthetic_weights(const ModelConfig& config, std::uint64_t seed) {
     const std::size_t n = static_cast<std::size_t>(t.numel());
     if (is_norm(s.name)) {
       t.data.assign(n, one);  // RMSNorm weights start at 1, as in HF
+      continue;
+    }
+    if (is_gate(s.name)) {  // [1]: +-[0.5, 1), so the cross layers change the output
+      std::uint64_t mix = seed ^ fnv1a(s.name);
+      const std::uint64_t r = splitmix64(mix);
+      const double mag = 0.5 + 0.5 * static_cast<double>(r >> 11) * 0x1.0p-53;
+      t.data.assign(n, reference::float_to_bf16(static_cast<float>((r & 1) ? -mag : mag)));
       continue;
     }
     t.data.resize(n);

@@ -14,7 +14,7 @@ FINAL_OUT=$OUT
 # $OUT/gpu-check-logs.tar.gz at the end; the summary and benchmark JSON are copied beside it.
 OUT=$(mktemp -d)
 mkdir -p "$FINAL_OUT"
-STAGES=${GD_STAGES:-"build test fuzz example parity spec bench sanitize python"}
+STAGES=${GD_STAGES:-"build test fuzz example parity spec cross bench sanitize python"}
 FUZZ_STEPS=${GD_FUZZ_STEPS:-10000}
 BENCHES=${GD_BENCHES:-all}  # or a list such as "bench_attention sdpa_peer"
 SANITIZE_TIMEOUT=${GD_SANITIZE_TIMEOUT:-300}  # racecheck of test_attention_planning_gpu: 120-270 s
@@ -109,6 +109,33 @@ if has spec; then
     cat "$OUT/bench_spec.txt"
   else
     note "hf_spec_parity" "skipped (no torch/transformers with CUDA)"
+  fi
+fi
+
+if has cross; then
+  # Mllama's cross-attention layers: the graph-replay fuzz of the real model's layers (11B shape,
+  # and the small model against the float64 reference), the serving example with encoder states
+  # of mixed lengths, and parity with transformers' MllamaForCausalLM (its controls must fail).
+  for shape in 11b small; do
+    log="$OUT/cross_fuzz_$shape.log"
+    $BUILD/examples/cross_fuzz --shape $shape --seed 1 --steps ${GD_CROSS_FUZZ_STEPS:-400} \
+      > "$log" 2>&1 || status=1
+    note "cross_fuzz $shape" "$(tail -1 "$log")"
+  done
+  log="$OUT/decode_loop_cross.txt"
+  if $BUILD/examples/decode_loop --model cross-1b > "$log" 2>&1; then
+    note "example decode_loop cross" "ok"; else note "example decode_loop cross" "FAILED"; status=1; fi
+  cat "$log"
+  note "  decode_loop cross" "$(grep -E '^throughput' "$log" | head -1)"
+  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+    log="$OUT/hf_mllama_parity.txt"
+    # shellcheck disable=SC2086
+    if python3 scripts/hf_mllama_parity.py --binary $BUILD/examples/model_parity \
+        ${GD_MLLAMA_PARITY_ARGS:-} > "$log" 2>&1; then
+      note "hf_mllama_parity" "PASS"; else note "hf_mllama_parity" "FAIL"; status=1; fi
+    cat "$log"
+  else
+    note "hf_mllama_parity" "skipped (no torch/transformers with CUDA)"
   fi
 fi
 

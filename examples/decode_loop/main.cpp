@@ -3,20 +3,33 @@
 // and sampled), runs continuous batching to completion with decode steps by CUDA-graph replay,
 // streams the first request's tokens, and prints throughput and per-step latency.
 //
-//   decode_loop [--checkpoint DIR | --model 1b|small] [--requests N] [--prompt-len L]
-//               [--new-tokens T] [--max-batch B] [--max-context C] [--temperature X]
-//               [--top-k K] [--top-p P] [--seed S] [--graphs on|off]
+//   decode_loop [--checkpoint DIR | --model 1b|small|cross-1b|cross-small] [--requests N]
+//               [--prompt-len L] [--new-tokens T] [--max-batch B] [--max-context C]
+//               [--temperature X] [--top-k K] [--top-p P] [--seed S] [--graphs on|off]
+//               [--max-encoder-len E] [--encoder-states device|host]
 //
 // Default: the Llama-3.2-1B shape on seeded synthetic weights. With no CUDA device it says so
 // and exits 1.
+//
+// Cross-attention models (--model cross-1b: the 1B shape with 4 gated cross layers; cross-small;
+// or an Mllama checkpoint): every request brings synthetic encoder states, as a vision encoder
+// would hand them over, of a length uniform in [1, E] (E = --max-encoder-len, default 6400: a
+// four-tile image), and every fourth request is text only; their cross K/V are projected when
+// they are admitted and every decode step replays one graph whatever the mix. The states live in
+// one device buffer (the path a DLPack tensor takes) or, with --encoder-states host, in host
+// memory (copied at submit).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/buffers.h"
+#include "common/cuda_check.h"
 #include "common/device.h"
 #include "common/error.h"
 #include "engine/engine.h"
@@ -40,14 +53,17 @@ struct Options {
   float top_p = 0.95f;
   std::uint64_t seed = 1;
   bool graphs = true;
+  std::int32_t max_encoder_len = 6400;
+  bool device_states = true;
 };
 
 int usage() {
   std::fprintf(stderr,
-               "usage: decode_loop [--checkpoint DIR | --model 1b|small] [--requests N]\n"
-               "                   [--prompt-len L] [--new-tokens T] [--max-batch B]\n"
-               "                   [--max-context C] [--temperature X] [--top-k K] [--top-p P]\n"
-               "                   [--seed S] [--graphs on|off]\n");
+               "usage: decode_loop [--checkpoint DIR | --model 1b|small|cross-1b|cross-small]\n"
+               "                   [--requests N] [--prompt-len L] [--new-tokens T]\n"
+               "                   [--max-batch B] [--max-context C] [--temperature X]\n"
+               "                   [--top-k K] [--top-p P] [--seed S] [--graphs on|off]\n"
+               "                   [--max-encoder-len E] [--encoder-states device|host]\n");
   return 2;
 }
 
@@ -80,10 +96,38 @@ bool parse(int argc, char** argv, Options& o) {
       o.seed = std::stoull(v);
     else if (a == "--graphs")
       o.graphs = v != "off";
+    else if (a == "--max-encoder-len")
+      o.max_encoder_len = std::stoi(v);
+    else if (a == "--encoder-states")
+      o.device_states = v != "host";
     else
       return false;
   }
-  return o.model == "1b" || o.model == "small";
+  return o.model == "1b" || o.model == "small" || o.model == "cross-1b" || o.model == "cross-small";
+}
+
+ModelConfig synthetic_config(const std::string& model) {
+  if (model == "small") return small_test_config();
+  if (model == "cross-1b") return mllama_1b_class_config();
+  if (model == "cross-small") return small_cross_test_config();
+  return llama_1b_config();
+}
+
+// Encoder states for every request: one buffer of E rows ~ N(0, 1) in bf16; request r reads its
+// first encoder_len rows (their content does not change the cost).
+std::vector<std::uint16_t> synthetic_states(std::int32_t rows, std::int32_t hidden,
+                                            std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<std::uint16_t> s(static_cast<std::size_t>(rows) * hidden);
+  for (auto& x : s) {
+    const float f = n(rng);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >>
+                                   16);  // round to nearest even
+  }
+  return s;
 }
 
 }  // namespace
@@ -107,11 +151,11 @@ int main(int argc, char** argv) {
   }
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    const HostWeights weights =
-        !o.checkpoint.empty()
-            ? load_checkpoint(o.checkpoint)
-            : synthetic_weights(o.model == "1b" ? llama_1b_config() : small_test_config(), o.seed);
+    const HostWeights weights = !o.checkpoint.empty()
+                                    ? load_checkpoint(o.checkpoint)
+                                    : synthetic_weights(synthetic_config(o.model), o.seed);
     const ModelConfig& mc = weights.config;
+    const bool cross = mc.any_cross();
     std::printf("model: %s, %d layers, hidden %d, heads %d/%d x %d, vocab %d, %.2f GB bf16 (%s)\n",
                 mc.architecture.c_str(), mc.num_hidden_layers, mc.hidden_size,
                 mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, mc.vocab_size,
@@ -123,7 +167,23 @@ int main(int argc, char** argv) {
     ec.max_context = o.max_context;
     ec.max_step_tokens = 2048;
     ec.use_graphs = o.graphs;
+    if (cross) ec.max_encoder_len = o.max_encoder_len;
     Engine engine(weights, ec);
+    // Cross models: the requests' encoder states (device: one buffer, valid until the end).
+    std::vector<std::uint16_t> states;
+    DeviceBuffer<std::uint16_t> device_states;
+    if (cross) {
+      states = synthetic_states(o.max_encoder_len, mc.hidden_size, o.seed + 17);
+      std::printf(
+          "encoder states: %d cross layers, lengths uniform in [1, %d] (1 request in 4 "
+          "text only), %s memory\n",
+          mc.num_cross_layers(), o.max_encoder_len, o.device_states ? "device" : "host");
+      if (o.device_states) {
+        device_states = DeviceBuffer<std::uint16_t>(states.size());
+        device_states.upload(states.data(), states.size(), engine.stream());
+        GD_CUDA(cudaStreamSynchronize(engine.stream()));
+      }
+    }
     const double setup_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("engine: max batch %d, max context %d, %zu graphs (%.1f MiB), set up in %.1f s\n",
@@ -137,12 +197,20 @@ int main(int argc, char** argv) {
       return std::uniform_int_distribution<std::int32_t>(lo, hi)(rng);
     };
     std::vector<std::int32_t> first_tokens;
+    std::int64_t encoder_keys = 0;
     for (std::int32_t r = 0; r < o.requests; ++r) {
       RequestSpec s;
       s.prompt.resize(static_cast<std::size_t>(uniform(o.prompt_len / 2, 3 * o.prompt_len / 2)));
       for (auto& t : s.prompt) t = uniform(0, mc.vocab_size - 1);
       s.max_new_tokens = uniform(std::max(1, o.new_tokens / 2), o.new_tokens);
       if (r % 2 == 1) s.sampling = {o.temperature, o.top_k, o.top_p, o.seed * 1000003 + r};
+      if (cross && r % 4 != 3) {
+        s.encoder.length = uniform(1, o.max_encoder_len);
+        s.encoder.width = mc.hidden_size;
+        s.encoder.on_device = o.device_states;
+        s.encoder.data = o.device_states ? device_states.data() : states.data();
+        encoder_keys += s.encoder.length;
+      }
       TokenCallback cb;
       if (r == 0) cb = [&](const TokenEvent& e) { first_tokens.push_back(e.token); };
       engine.submit(std::move(s), std::move(cb));
@@ -163,6 +231,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(s.graph_steps), static_cast<long long>(s.eager_steps));
     std::printf("throughput %.0f generated tokens/s over %.2f s of steps\n", s.tokens_per_s(),
                 s.busy_s);
+    if (cross)
+      std::printf("encoder keys projected at admission: %lld (mean %.0f per image request)\n",
+                  static_cast<long long>(encoder_keys),
+                  static_cast<double>(encoder_keys) / std::max(1, o.requests - o.requests / 4));
     std::printf(
         "decode step latency (host launch to tokens on host): p50 %.1f us, p90 %.1f us, "
         "p99 %.1f us\n",

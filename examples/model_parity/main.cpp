@@ -4,6 +4,7 @@
 //   model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) --prompts FILE
 //                --new-tokens N [--graphs on|off] --out PREFIX
 //                [--draft DIR | --lookup] [--k K]
+//                [--encoders FILE --encoder-lens L0,L1,... [--control-encoder-len-of K]]
 //
 // FILE: one prompt per line, space-separated token ids. Writes
 //   PREFIX.json  {"steps", "batch", "vocab", "graph_steps", "eager_steps", "tokens": [[...]]}
@@ -11,6 +12,11 @@
 // With --draft (a draft model's checkpoint) or --lookup (prompt lookup): speculative decoding of
 // up to K drafts per step (default 4) by the Engine, all prompts in one batch; the JSON adds the
 // acceptance ("drafted", "accepted", "tokens_per_step"), no logits file.
+// Cross-attention models (Mllama): --encoders FILE holds every prompt's encoder states, raw bf16
+// [sum of lengths][hidden] in prompt order, and --encoder-lens their lengths (0 = text only), one
+// per prompt (scripts/hf_mllama_parity.py). --control-encoder-len-of K runs the control of that
+// script: every step tells the model that every request has prompt K's encoder length (the bug
+// class the parity check must catch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,6 +56,26 @@ std::vector<std::vector<std::int32_t>> read_prompts(const std::string& path) {
   return prompts;
 }
 
+std::vector<std::int32_t> parse_lens(const std::string& list) {
+  std::vector<std::int32_t> lens;
+  std::istringstream ls(list);
+  std::string item;
+  while (std::getline(ls, item, ',')) lens.push_back(std::stoi(item));
+  return lens;
+}
+
+// Every prompt's encoder states: raw bf16 [sum(lens)][hidden].
+std::vector<std::uint16_t> read_encoders(const std::string& path, std::int64_t elems) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open encoder states file", "model_parity", "encoders", path);
+  std::vector<std::uint16_t> data(static_cast<std::size_t>(elems));
+  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(elems * 2));
+  if (in.gcount() != elems * 2 || in.peek() != std::ifstream::traits_type::eof())
+    throw Error("encoder states file does not hold sum(encoder-lens) x hidden bf16 values",
+                "model_parity", "encoders", path);
+  return data;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("cannot open file", "model_parity", "path", path);
@@ -61,7 +87,8 @@ std::string read_text(const std::string& path) {
 int usage() {
   std::cerr << "usage: model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) "
                "--prompts FILE --new-tokens N [--graphs on|off] --out PREFIX "
-               "[--draft DIR | --lookup] [--k K]\n";
+               "[--draft DIR | --lookup] [--k K] [--encoders FILE --encoder-lens L0,L1,... "
+               "[--control-encoder-len-of K]]\n";
   return 2;
 }
 
@@ -120,7 +147,8 @@ int run_speculative(const HostWeights& target, const HostWeights* draft,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, synthetic, prompts_path, out, draft_dir;
+  std::string checkpoint, synthetic, prompts_path, out, draft_dir, encoders_path, encoder_lens;
+  std::int32_t control_of = -1;
   std::uint64_t seed = 1;
   bool lookup = false;
   std::int32_t k = 4;
@@ -148,6 +176,12 @@ int main(int argc, char** argv) {
       lookup = true;
     else if (a == "--k")
       k = std::stoi(next());
+    else if (a == "--encoders")
+      encoders_path = next();
+    else if (a == "--encoder-lens")
+      encoder_lens = next();
+    else if (a == "--control-encoder-len-of")
+      control_of = std::stoi(next());
     else
       return usage();
   }
@@ -163,7 +197,28 @@ int main(int argc, char** argv) {
             ? synthetic_weights(ModelConfig::from_json_text(read_text(synthetic), synthetic), seed)
             : load_checkpoint(checkpoint);
     const auto prompts = read_prompts(prompts_path);
+    // Cross-attention models: every prompt's encoder states, views into one buffer.
+    std::vector<std::uint16_t> enc_data;
+    std::vector<EncoderStatesView> encoders;
+    if (encoders_path.empty() != encoder_lens.empty()) return usage();
+    if (!encoders_path.empty()) {
+      const std::vector<std::int32_t> lens = parse_lens(encoder_lens);
+      if (lens.size() != prompts.size())
+        throw Error("one encoder length per prompt", "model_parity", "encoder-lens",
+                    std::to_string(lens.size()) + " for " + std::to_string(prompts.size()));
+      std::int64_t rows = 0;
+      for (std::int32_t l : lens) rows += l;
+      enc_data = read_encoders(encoders_path, rows * weights.config.hidden_size);
+      std::int64_t at = 0;
+      for (std::int32_t l : lens) {
+        encoders.push_back({l > 0 ? enc_data.data() + at : nullptr, l, false});
+        at += static_cast<std::int64_t>(l) * weights.config.hidden_size;
+      }
+      opt.encoders = encoders;
+      opt.control_encoder_len_of = control_of;
+    }
     if (!draft_dir.empty() || lookup) {
+      if (!encoders.empty()) return usage();
       if (!draft_dir.empty() && lookup) return usage();
       const HostWeights draft = draft_dir.empty() ? HostWeights{} : load_checkpoint(draft_dir);
       return run_speculative(weights, draft_dir.empty() ? nullptr : &draft, prompts, opt.new_tokens,
@@ -183,7 +238,8 @@ int main(int argc, char** argv) {
     js << "{\"steps\": " << opt.new_tokens << ", \"batch\": " << prompts.size()
        << ", \"vocab\": " << weights.config.vocab_size
        << ", \"graphs\": " << (opt.use_graphs ? "true" : "false")
-       << ", \"graph_steps\": " << r.graph_steps << ", \"eager_steps\": " << r.eager_steps << ", ";
+       << ", \"graph_steps\": " << r.graph_steps << ", \"eager_steps\": " << r.eager_steps
+       << ", \"control_encoder_len_of\": " << control_of << ", ";
     write_tokens(js, r.tokens);
     js << "}\n";
     std::cout << "model_parity: " << prompts.size() << " prompts, " << opt.new_tokens

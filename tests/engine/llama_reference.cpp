@@ -63,11 +63,87 @@ std::string ln(std::int32_t l, const char* s) {
   return "model.layers." + std::to_string(l) + "." + s;
 }
 
+// softmax(q K^T / sqrt(d)) V for one head's query over keys [0, n) (GQA head g of K and V).
+void attend_head(const double* q, const std::vector<Vec>& k, const std::vector<Vec>& v,
+                 std::size_t first, std::size_t end, std::size_t g, std::size_t d, double* out) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Vec s(end - first);
+  double mx = -1e300;
+  for (std::size_t j = first; j < end; ++j) {
+    double dot = 0;
+    for (std::size_t i = 0; i < d; ++i) dot += q[i] * k[j][g * d + i];
+    s[j - first] = dot * scale;
+    mx = std::max(mx, s[j - first]);
+  }
+  double den = 0;
+  for (double& e : s) den += (e = std::exp(e - mx));
+  for (std::size_t j = first; j < end; ++j)
+    for (std::size_t i = 0; i < d; ++i) out[i] += s[j - first] / den * v[j][g * d + i];
+}
+
+Vec mlp(const HostWeights& w, std::int32_t l, const Vec& h) {
+  const auto H = static_cast<std::size_t>(w.config.hidden_size);
+  const auto inter = static_cast<std::size_t>(w.config.intermediate_size);
+  const Vec gt = linear(vec(w.at(ln(l, "mlp.gate_proj.weight"))), h, inter);
+  const Vec up = linear(vec(w.at(ln(l, "mlp.up_proj.weight"))), h, inter);
+  Vec act(inter);
+  for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
+  return linear(vec(w.at(ln(l, "mlp.down_proj.weight"))), act, H);
+}
+
+// Mllama's MllamaCrossAttentionDecoderLayer on every token:
+//   x += tanh(attn_gate) * o_proj(attention(q_norm(q_proj(norm1(x))), K, V))   (non-causal)
+//   x += tanh(mlp_gate) * mlp(norm2(x))
+// with K = k_norm(k_proj(states)), V = v_proj(states) per head, no RoPE.
+void cross_layer(const HostWeights& w, std::int32_t l, const ReferenceEncoder& enc,
+                 std::vector<Vec>& x) {
+  const ModelConfig& c = w.config;
+  const auto H = static_cast<std::size_t>(c.hidden_size);
+  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
+  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const auto n = static_cast<std::size_t>(enc.length);
+  const Vec wq = vec(w.at(ln(l, "cross_attn.q_proj.weight")));
+  const Vec wk = vec(w.at(ln(l, "cross_attn.k_proj.weight")));
+  const Vec wv = vec(w.at(ln(l, "cross_attn.v_proj.weight")));
+  const Vec wo = vec(w.at(ln(l, "cross_attn.o_proj.weight")));
+  const Vec qn = vec(w.at(ln(l, "cross_attn.q_norm.weight")));
+  const Vec kn = vec(w.at(ln(l, "cross_attn.k_norm.weight")));
+  const double attn_gate = std::tanh(vec(w.at(ln(l, "cross_attn_attn_gate")))[0]);
+  const double mlp_gate = std::tanh(vec(w.at(ln(l, "cross_attn_mlp_gate")))[0]);
+  const Vec n1 = vec(w.at(ln(l, "input_layernorm.weight")));
+  const Vec n2 = vec(w.at(ln(l, "post_attention_layernorm.weight")));
+  std::vector<Vec> k(n), v(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    Vec s(H);
+    for (std::size_t i = 0; i < H; ++i) s[i] = bf16(enc.states[j * H + i]);
+    k[j] = linear(wk, s, hkv * d);
+    v[j] = linear(wv, s, hkv * d);
+    for (std::size_t hh = 0; hh < hkv; ++hh) rmsnorm(k[j], hh * d, d, kn, c.rms_norm_eps);
+  }
+  for (Vec& xt : x) {
+    Vec h = xt;
+    rmsnorm(h, 0, H, n1, c.rms_norm_eps);
+    Vec q = linear(wq, h, hq * d);
+    Vec o(hq * d, 0.0);
+    for (std::size_t hh = 0; hh < hq; ++hh) {
+      rmsnorm(q, hh * d, d, qn, c.rms_norm_eps);
+      attend_head(q.data() + hh * d, k, v, 0, n, hh / (hq / hkv), d, o.data() + hh * d);
+    }
+    const Vec a = linear(wo, o, H);
+    for (std::size_t i = 0; i < H; ++i) xt[i] += attn_gate * a[i];
+    h = xt;
+    rmsnorm(h, 0, H, n2, c.rms_norm_eps);
+    const Vec m = mlp(w, l, h);
+    for (std::size_t i = 0; i < H; ++i) xt[i] += mlp_gate * m[i];
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<double>> reference_logits(const HostWeights& w,
                                                   std::span<const std::int32_t> tokens,
-                                                  std::size_t first) {
+                                                  std::size_t first, const ReferenceEncoder& enc) {
   const ModelConfig& c = w.config;
   const auto H = static_cast<std::size_t>(c.hidden_size);
   const auto hq = static_cast<std::size_t>(c.num_attention_heads);
@@ -85,6 +161,11 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& w,
       x[t][i] = embed[static_cast<std::size_t>(tokens[t]) * H + i];
 
   for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.layers[static_cast<std::size_t>(l)].kind == AttentionKind::kCross) {
+      // HF runs no cross layer for a request without encoder states.
+      if (enc.length > 0) cross_layer(w, l, enc, x);
+      continue;
+    }
     const Vec wq = vec(w.at(ln(l, "self_attn.q_proj.weight")));
     const Vec wk = vec(w.at(ln(l, "self_attn.k_proj.weight")));
     const Vec wv = vec(w.at(ln(l, "self_attn.v_proj.weight")));
@@ -164,8 +245,9 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& w,
 }
 
 std::vector<double> reference_last_logits(const HostWeights& w,
-                                          std::span<const std::int32_t> tokens) {
-  return reference_logits(w, tokens, tokens.size() - 1).back();
+                                          std::span<const std::int32_t> tokens,
+                                          const ReferenceEncoder& enc) {
+  return reference_logits(w, tokens, tokens.size() - 1, enc).back();
 }
 
 }  // namespace graphdecode::testing
