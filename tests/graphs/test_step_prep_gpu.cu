@@ -33,6 +33,7 @@ StepCapacity capacity_with_pools(std::int32_t max_batch, std::int32_t max_tokens
   c.max_kv_len = 5000;
   c.max_encoder_len = 700;
   c.max_logit_rows = max_tokens;
+  c.max_draft_tokens = 7;  // speculative steps are among the modes drawn
   for (int k = 0; k < kPools; ++k) {
     StepPoolCapacity& p = c.pools[k];
     p.present = true;
