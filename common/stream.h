@@ -56,9 +56,15 @@ class Event {
   cudaEvent_t get() const noexcept { return e_; }
   void record(cudaStream_t s) { GD_CUDA(cudaEventRecord(e_, s)); }
   // Recorded by every replay of a graph captured from `s` (an external event-record node; a plain
-  // record under capture only orders work inside the graph), and like record() outside capture.
+  // record under capture only orders work inside the graph); outside capture, record().
   void record_external(cudaStream_t s) {
-    GD_CUDA(cudaEventRecordWithFlags(e_, s, cudaEventRecordExternal));
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    GD_CUDA(cudaStreamIsCapturing(s, &capturing));
+    if (capturing == cudaStreamCaptureStatusActive) {
+      GD_CUDA(cudaEventRecordWithFlags(e_, s, cudaEventRecordExternal));
+    } else {
+      record(s);
+    }
   }
   void synchronize() const { GD_CUDA(cudaEventSynchronize(e_)); }
   // Milliseconds from `start` to this event; both must have completed.
