@@ -138,10 +138,15 @@ StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
     e->graph.launch(stream);
     return StepPath::kGraph;
   }
-  const StepCapacity& cap = input_.capacity();
-  program_.enqueue(StepShape{input_.mode(), cap.max_batch, cap.max_tokens,
-                             cap.resolved_max_logit_rows(), input_.tokens_per_request()},
-                   stream);
+  // The shape a replay would have (the smallest bucket >= batch, else the capacity): GEMM
+  // libraries pick algorithms by row count, so the capacity shape is not bitwise a replay.
+  const auto b = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
+  const std::int32_t bucket = b != buckets_.end() ? *b : input_.capacity().max_batch;
+  std::int32_t n = input_.tokens_per_request();
+  if (input_.mode() == StepMode::kDecode) n = 1;
+  if (input_.mode() == StepMode::kExtend) n = 0;
+  const GraphKey key{input_.mode(), n, input_.logit_rows(), bucket};
+  program_.enqueue(key_shape(key, input_.capacity()), stream);
   return StepPath::kEager;
 }
 

@@ -9,7 +9,8 @@
 //     the step's key. Rows past the batch are padding; the prep kernels make them inert.
 //   * Eager fallback: a batch larger than the largest bucket, a key that was not captured, or
 //     graphs switched off (use_graphs = false, e.g. for debugging) runs the SAME enqueue eagerly
-//     with the capacity shape, bitwise equal to a replay.
+//     with the shape of the bucket a replay would use (GEMM libraries choose algorithms by row
+//     count), bitwise equal to a replay.
 // Nothing on the step path allocates or synchronises the host (StepInput::write may wait for the
 // copy issued two steps earlier, see step_input.h).
 #pragma once
