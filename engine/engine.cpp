@@ -32,8 +32,12 @@ const EngineConfig& validated(const EngineConfig& c) {
   return c;
 }
 
+// Room for every slot at max_context, plus the k draft rows a speculative step writes past the
+// last committed token (the scheduler reserves them: reserve_slack), so that a request of
+// max_context tokens is admitted with speculation on as it is without.
 std::int32_t default_kv_pages(const EngineConfig& c) {
-  return c.max_batch * pages_for_tokens(c.max_context, c.page_size);
+  return c.max_batch *
+         pages_for_tokens(c.max_context + c.speculative.max_draft_tokens, c.page_size);
 }
 
 RuntimeOptions runtime_options(const EngineConfig& c) {

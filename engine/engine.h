@@ -59,8 +59,8 @@ struct EngineConfig {
   std::int32_t max_batch = 32;         // requests running at once (one step holds them all)
   std::int32_t max_step_tokens = 512;  // new tokens per prefill step (chunked prefill budget)
   std::int32_t max_context = 4096;     // prompt + generated tokens of one request
-  std::int32_t kv_pages = 0;           // full-attention pool pages; 0: max_batch * max_context
-  std::int32_t sliding_pages = 0;      // sliding-window pool pages; 0: max_batch at the window
+  std::int32_t kv_pages = 0;  // full-attention pool pages; 0: max_batch * (max_context + k drafts)
+  std::int32_t sliding_pages = 0;  // sliding-window pool pages; 0: max_batch at the window
   // Cross-attention models: the longest encoder input of a request (required, >= 1) and the
   // cross pool's pages (0: max_batch requests at max_encoder_len). Ignored by other models.
   std::int32_t max_encoder_len = 0;

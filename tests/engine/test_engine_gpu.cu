@@ -578,5 +578,32 @@ TEST_F(EngineGpu, SpeculativeConfigurationErrorsNameTheField) {
   EXPECT_EQ(field_of([&] { Engine e(w, bad, &w); }), "speculative.max_draft_tokens");
 }
 
+// The default pool has room for the k draft rows past max_context that a speculative step writes:
+// a request of exactly max_context tokens is served as it is without speculation (bench_spec at
+// batch 1 was refused: 12 pages, 13 needed).
+TEST_F(EngineGpu, DefaultPoolFitsARequestOfMaxContextWithDrafts) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 1;
+  ec.max_context = 48;  // 3 pages of 16; the drafts need a 4th
+  ec.speculative.max_draft_tokens = 4;
+  for (const bool lookup : {false, true}) {
+    EngineConfig sc = ec;
+    if (lookup) sc.speculative.proposer = SpecProposer::kNgram;
+    Engine engine(w, sc, lookup ? nullptr : &w);
+    RequestSpec s;
+    s.prompt = random_prompt(rng, 16, config.vocab_size);
+    s.max_new_tokens = 32;
+    Collected got;
+    const RequestId id = engine.submit(s, collect(got));
+    engine.run_until_idle();
+    EXPECT_EQ(got.tokens[id].size(), 32u) << (lookup ? "prompt lookup" : "draft model");
+    EXPECT_EQ(got.finished[id], 1);
+  }
+}
+
 }  // namespace
 }  // namespace graphdecode
