@@ -1,8 +1,10 @@
-// Faults end cleanly: a CUDA error inside a step (an out-of-range write by a test-only kernel on
-// the engine's stream) is an Error from step() naming the step, the engine then refuses further
-// steps and submissions by name, and destroying it does not throw or hang. The fault corrupts the
-// CUDA context for good, so it runs in a child process (a gtest death test, re-executed). And
-// engines created and destroyed in a loop leave neither device nor host memory behind.
+// The serving loop's edges. A CUDA error inside a step (an out-of-range write by a test-only
+// kernel on the engine's stream) is an Error from step() naming the step; the engine then refuses
+// further steps and submissions by name, and destroying it neither throws nor hangs (the fault
+// corrupts the CUDA context for good, so it runs in a child process: a gtest death test,
+// re-executed). A throwing callback loses no other event of its step. A cancel at the step that
+// would have finished a request. Engines created and destroyed in a loop leave neither device
+// nor host memory behind.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -137,6 +139,67 @@ TEST_F(EngineFaults, AThrowingCallbackLosesNoOtherEvent) {
   EXPECT_EQ(engine.ledger().free_pages(0), engine.ledger().usable_pages(0));
   static_cast<void>(a);
   static_cast<void>(b);
+}
+
+// Cancellation at the step that would have finished a request: cancelled between steps when one
+// token is left, it gets the cancel event and never its last token; cancelled from another
+// request's callback during the step that produced its last token, the finish wins (Error
+// "request") and its final event still arrives, after the canceller's.
+TEST_F(EngineFaults, CancelAtTheStepThatWouldHaveFinishedIt) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 14);
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_context = 64;
+  for (const bool speculative : {false, true}) {
+    EngineConfig c = ec;
+    if (speculative) c.speculative.max_draft_tokens = 1;  // still one token per step: ngram
+    if (speculative) c.speculative.proposer = SpecProposer::kNgram;
+    Engine engine(w, c);
+    std::vector<TokenEvent> a_ev, b_ev, c_ev;
+    std::string race_field = "<no error>";
+    RequestId b = 0;
+    // Submission order = event order in a step: c's callback runs before b's final event.
+    const RequestId cid = engine.submit(request(9, 1, 8), [&](const TokenEvent& e) {
+      c_ev.push_back(e);
+      if (c_ev.size() == 5) {
+        try {
+          engine.cancel(b);
+        } catch (const Error& err) {
+          race_field = err.field();
+        }
+      }
+    });
+    b = engine.submit(request(9, 2, 5), [&](const TokenEvent& e) { b_ev.push_back(e); });
+    const RequestId a =
+        engine.submit(request(9, 3, 5), [&](const TokenEvent& e) { a_ev.push_back(e); });
+    bool a_cancelled = false;
+    while (engine.step()) {
+      if (a_ev.size() == 4 && !a_cancelled) {
+        engine.cancel(a);  // one token left: the next step would have finished it
+        a_cancelled = true;
+      }
+    }
+    const char* what = speculative ? "speculative" : "plain";
+    if (speculative) {
+      // With drafts, requests may commit several tokens per step: only check the invariants.
+      EXPECT_TRUE(a_ev.back().finished) << what;
+      EXPECT_TRUE(b_ev.back().finished && c_ev.back().finished) << what;
+    } else {
+      ASSERT_EQ(a_ev.size(), 5u) << what;
+      EXPECT_TRUE(a_ev[4].cancelled && a_ev[4].finished && a_ev[4].token == kNoToken);
+      EXPECT_EQ(race_field, "request") << what;
+      ASSERT_EQ(b_ev.size(), 5u) << what;
+      EXPECT_TRUE(b_ev[4].finished && !b_ev[4].cancelled && b_ev[4].token != kNoToken);
+      EXPECT_EQ(c_ev.size(), 8u);
+    }
+    for (const auto* ev : {&a_ev, &b_ev, &c_ev})
+      for (std::size_t i = 0; i + 1 < ev->size(); ++i)
+        EXPECT_FALSE((*ev)[i].finished) << what << ": an event after a final one";
+    EXPECT_TRUE(engine.idle());
+    EXPECT_EQ(engine.ledger().free_pages(0), engine.ledger().usable_pages(0));
+    static_cast<void>(cid);
+  }
 }
 
 std::size_t host_rss_bytes() {
