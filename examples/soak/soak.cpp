@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -66,6 +67,9 @@ class Soak {
   std::vector<RequestId> ended_ring_;        // recently ended ids: cancelling them must be refused
   std::vector<std::int32_t> recent_tokens_;  // stop tokens drawn from what the model says
   std::vector<RequestId> raced_;             // cancel refused in a callback this step
+  // Shared system prompts (lengths around page boundaries) that prefix-cache hits come from.
+  std::vector<std::vector<std::int32_t>> system_prompts_;
+  std::vector<std::vector<char>> seen_;  // [pool][page] scratch of the distinct-page count
   int bad_next_ = 0;
   bool in_step_ = false;
 };
@@ -96,6 +100,10 @@ void Soak::submit_one() {
   s.prompt.resize(static_cast<std::size_t>(plen));
   for (auto& t : s.prompt)
     t = std::uniform_int_distribution<std::int32_t>(0, model_.vocab_size - 1)(rng_);
+  if (rng_() % 3 == 0) {  // a shared system prompt, then the request's own tokens
+    const auto& sys = system_prompts_[rng_() % system_prompts_.size()];
+    std::copy_n(sys.begin(), std::min(sys.size(), s.prompt.size()), s.prompt.begin());
+  }
   const std::int32_t room = c_.max_context - plen;
   s.max_new_tokens = draw_len(c_.max_new > 0 ? std::min(c_.max_new, room) : room);
   const int mix = static_cast<int>(rng_() % 4);
@@ -329,10 +337,31 @@ void Soak::check_ledger() {
   for (std::int32_t p = 0; p < ledger.num_pools(); ++p) {
     ++rep_.page_checks;
     const auto i = static_cast<std::size_t>(p);
-    if (ledger.free_pages(p) + held[i] != ledger.usable_pages(p))
+    // Distinct pages the admitted requests hold (a prefix-cache hit shares pages) plus the free
+    // ones (cached pages no request holds count as free) must be every usable page.
+    const RequestSlots& slots = ledger.slots(p);
+    std::vector<char>& seen = seen_[i];
+    std::fill(seen.begin(), seen.end(), 0);
+    std::int64_t distinct = 0;
+    for (const auto& [id, l] : live_) {
+      if (!l.admitted || l.slot < 0) continue;
+      const std::span<const std::int32_t> row = slots.row(l.slot);
+      const std::int32_t first = slots.first_resident_page(l.slot);
+      for (std::int32_t j = first; j < first + slots.pages_held(l.slot); ++j) {
+        const std::int32_t page = row[static_cast<std::size_t>(j)];
+        if (page <= 0 || page >= static_cast<std::int32_t>(seen.size())) {
+          fail("pool " + std::to_string(p) + ": request " + std::to_string(id) + " holds page " +
+               std::to_string(page));
+          continue;
+        }
+        distinct += seen[static_cast<std::size_t>(page)] == 0;
+        seen[static_cast<std::size_t>(page)] = 1;
+      }
+    }
+    if (ledger.free_pages(p) + distinct != ledger.usable_pages(p))
       fail("pool " + std::to_string(p) + ": free " + std::to_string(ledger.free_pages(p)) +
-           " + held " + std::to_string(held[i]) + " != usable " +
-           std::to_string(ledger.usable_pages(p)));
+           " + held " + std::to_string(distinct) + " (" + std::to_string(held[i]) +
+           " with shares) != usable " + std::to_string(ledger.usable_pages(p)));
     if (ledger.reserved_pages(p) != reserve[i])
       fail("pool " + std::to_string(p) + ": reserved " + std::to_string(ledger.reserved_pages(p)) +
            " != " + std::to_string(reserve[i]));
@@ -396,6 +425,13 @@ SoakReport Soak::run() {
     slack_ = c_.max_draft_tokens;
   }
   engine_ = std::make_unique<Engine>(w, ec, c_.max_draft_tokens > 0 && !c_.ngram ? &w : nullptr);
+  for (const std::int32_t n : {15, 16, 37, 70}) {  // page - 1, page, 2 pages + 5, 4 pages + 6
+    std::vector<std::int32_t> sys(static_cast<std::size_t>(n));
+    for (auto& t : sys) t = static_cast<std::int32_t>(rng_() % model_.vocab_size);
+    system_prompts_.push_back(std::move(sys));
+  }
+  for (std::int32_t p = 0; p < engine_->ledger().num_pools(); ++p)
+    seen_.emplace_back(static_cast<std::size_t>(engine_->ledger().usable_pages(p)) + 1, 0);
 
   std::int32_t target = c_.max_batch;
   while (rep_.submitted < c_.requests || !live_.empty()) {
