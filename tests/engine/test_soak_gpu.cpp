@@ -36,8 +36,9 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
               r.summary().c_str());
   for (const std::string& e : r.first_errors) ADD_FAILURE() << e;
   EXPECT_EQ(r.errors, 0);
-  // The stream did what it is for: every outcome happened, and requests had to wait.
   EXPECT_EQ(r.submitted, c.requests);
+  if (testing::sanitize_mode()) return;  // a twentieth of the stream: not every outcome occurs
+  // The stream did what it is for: every outcome happened, and requests had to wait.
   EXPECT_GT(r.finished_by_length, 0);
   EXPECT_GT(r.finished_by_stop, 0);
   EXPECT_GT(r.cancelled, 0);
