@@ -23,6 +23,7 @@
 
 #include "memory/page_allocator.h"
 #include "memory/pool_config.h"
+#include "memory/prefix_cache.h"
 #include "memory/request_slots.h"
 #include "memory/table_commands.h"
 
@@ -35,6 +36,9 @@ struct LedgerPool {
   std::int32_t group = 0;         // the model that owns the pool; extend/truncate take a group
   // Sliding pools: most tokens one request adds in one step (bounds the pages it holds at once).
   std::int32_t max_step_tokens = 0;
+  // Self-attention pools: share full pages of equal token prefixes across requests
+  // (memory/prefix_cache.h). Every caching pool has the same page size. Ignored by cross pools.
+  bool prefix_cache = false;
 };
 
 // The largest a request can grow: its reservation.
@@ -70,6 +74,28 @@ class KvLedger {
   // Per model: tokens[g] more positions in the self pools of group g (a speculative step's target
   // and draft grow by different counts), all-or-nothing across every pool.
   void extend_groups(std::int32_t slot, std::span<const std::int32_t> tokens);
+  // ---- prefix cache (pools with LedgerPool::prefix_cache) ----------------------------------
+  // Does every self-attention pool cache prefixes (so that a hit is possible at all)?
+  bool caches_prefixes() const noexcept { return caches_all_; }
+  // The longest n <= keys.size() such that every self pool can serve a request whose first n
+  // pages have chain keys keys[0..n): a full pool holds pages [0, n), a sliding pool the pages
+  // covering the window at position n * page_size. 0 when the ledger caches no prefixes.
+  std::int32_t match_prefix(std::span<const PageKey> keys) const;
+  // Starts a freshly admitted slot (0 tokens) at n * page_size tokens on the cached pages of
+  // keys[0..n) (match_prefix(keys) >= n), one more reference each, in every self pool; all or
+  // nothing.
+  void adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t n);
+  // Names the slot's full pages [first, end) by keys[first..end) in every caching pool (pages a
+  // sliding pool already returned are skipped). Only for pages whose K/V are written and final.
+  void publish_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t first,
+                      std::int32_t end);
+  // Sum over the caching pools.
+  PrefixCacheStats prefix_stats() const;
+  // Pool i's cache, or nullptr.
+  const PrefixCache* prefix_cache(std::int32_t pool) const;
+  // Test only (the model checker's planted-bug control): see PrefixCache.
+  void inject_skipped_release_for_test(std::int32_t pool, std::int32_t every_n);
+
   // Speculative rollback: keeps the first `tokens` positions in the self pools of `group`.
   void truncate(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
   // The request's encoder keys in every cross pool (once per request).
@@ -112,10 +138,14 @@ class KvLedger {
   std::vector<std::unique_ptr<PageAllocator>> alloc_;
   std::vector<std::unique_ptr<RequestSlots>> slots_;
   std::vector<std::unique_ptr<TableCommandBatch>> cmds_;
-  std::vector<std::int32_t> reserved_;     // [pool] pages reserved by admitted requests
-  std::vector<std::int32_t> reservation_;  // [slot][pool] pages reserved (-1: none)
-  std::vector<std::int32_t> need_;         // [pool] admission scratch, sized once
-  std::vector<std::int32_t> grow_;         // [pool] extend scratch (-1: untouched), sized once
+  std::vector<std::unique_ptr<PrefixCache>> caches_;  // [pool] nullptr where none
+  bool caches_all_ = false;                           // every self pool has a cache
+  mutable std::vector<std::int32_t> served_;          // [max pages + 1] match scratch, sized once
+  std::vector<std::int32_t> found_;                   // [max pages] adopt scratch, sized once
+  std::vector<std::int32_t> reserved_;                // [pool] pages reserved by admitted requests
+  std::vector<std::int32_t> reservation_;             // [slot][pool] pages reserved (-1: none)
+  std::vector<std::int32_t> need_;                    // [pool] admission scratch, sized once
+  std::vector<std::int32_t> grow_;  // [pool] extend scratch (-1: untouched), sized once
 };
 
 }  // namespace graphdecode
