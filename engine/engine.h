@@ -68,6 +68,9 @@ struct EngineConfig {
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV
+  // Prefix caching across requests (docs/prefix_cache.md): full pages of equal token prefixes are
+  // shared, kept after their requests finish, evicted least recently used when room is needed.
+  bool prefix_cache = true;
   // Speculative decoding: most draft tokens per step (0 = off), k by batch size (empty:
   // default_k_rules), the proposer (a draft model passed to the Engine, or prompt lookup).
   struct Speculative {
@@ -88,6 +91,15 @@ struct EngineStats {
   std::int64_t finished = 0;          // including cancelled
   std::int64_t cancelled = 0;
   double busy_s = 0;  // wall time inside step(), host + device
+  // Prefix cache: prompt tokens looked up at admission and those found cached (not prefilled;
+  // prompt_tokens counts only the prefilled ones), pages cached now (every caching pool, held or
+  // not), pages of them no request holds, cached pages evicted for room.
+  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
+  std::int64_t prefix_cached_pages = 0, prefix_unreferenced_pages = 0, prefix_evictions = 0;
+  double prefix_hit_rate() const {
+    return prefix_lookup_tokens > 0 ? static_cast<double>(prefix_hit_tokens) / prefix_lookup_tokens
+                                    : 0.0;
+  }
   // Speculative decoding: request-steps of speculative steps, drafts proposed and accepted, and
   // per draft position j (0-based) how often a draft was proposed and accepted there.
   std::int64_t spec_rows = 0, drafted_tokens = 0, accepted_tokens = 0;

@@ -138,6 +138,7 @@ std::vector<LedgerPool> ledger_pools(const StepCapacity& cap, const RuntimeOptio
     l.max_page_ids = p.max_page_ids;
     l.group = p.model;
     l.max_step_tokens = o.resolved_max_new_tokens();
+    l.prefix_cache = o.prefix_cache;
     pools.push_back(l);
   }
   return pools;
