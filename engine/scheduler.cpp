@@ -122,6 +122,11 @@ void Scheduler::next_step(StepPlan& plan) {
   // Admission: FIFO, so a large request at the head is not starved by small ones behind it.
   while (!queue_.empty() && running() < config_.max_batch) {
     Request& r = requests_.at(queue_.front());
+    // A hit larger than the step's adoption budget left waits for the next step's budget.
+    if (r.shares && ledger_.adopted_this_step() &&
+        ledger_.match_prefix(prefix_lookup(r), true) <
+            ledger_.match_prefix(prefix_lookup(r), false))
+      break;
     const std::optional<std::int32_t> slot = ledger_.try_admit(reservation(r.spec));
     if (!slot) break;
     r.slot = *slot;
@@ -166,12 +171,17 @@ void Scheduler::next_step(StepPlan& plan) {
   }
 }
 
-void Scheduler::match_prefix(Request& r) {
+std::span<const PageKey> Scheduler::prefix_lookup(const Request& r) const {
   const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
   const std::int32_t P = ledger_.config(0).geometry.page_size;
   // Never the whole prompt: the page of the last prompt token is computed (its logits sample).
-  const std::span<const PageKey> lookup(r.keys.data(),
-                                        static_cast<std::size_t>((prompt_len - 1) / P));
+  return {r.keys.data(), static_cast<std::size_t>((prompt_len - 1) / P)};
+}
+
+void Scheduler::match_prefix(Request& r) {
+  const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
+  const std::int32_t P = ledger_.config(0).geometry.page_size;
+  const std::span<const PageKey> lookup = prefix_lookup(r);
   const std::int32_t n = ledger_.match_prefix(lookup);
   ledger_.adopt_prefix(r.slot, lookup, n);  // cannot fail: matched just now, within reservation
   r.cached = r.hit = n * P;

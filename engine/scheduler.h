@@ -202,6 +202,8 @@ class Scheduler {
     std::int32_t hit = 0;
   };
   KvReservation reservation(const RequestSpec& s) const;
+  // The keys a prompt is matched by: its full pages but the one of its last token.
+  std::span<const PageKey> prefix_lookup(const Request& r) const;
   // Admission: starts the request on the longest cached prefix every pool can serve.
   void match_prefix(Request& r);
   // After a step: names the request's full, final pages in the cache.

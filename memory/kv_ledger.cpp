@@ -65,6 +65,8 @@ KvLedger::KvLedger(std::span<const LedgerPool> pools) : pools_(pools.begin(), po
   caches_all_ = caches_all_ && any_self;
   served_.assign(static_cast<std::size_t>(most_pages) + 1, 0);
   found_.assign(static_cast<std::size_t>(most_pages), 0);
+  adopt_left_.resize(pools_.size());
+  for (std::size_t i = 0; i < pools_.size(); ++i) adopt_left_[i] = pools_[i].adopt_page_ids;
   reserved_.assign(pools_.size(), 0);
   reservation_.assign(static_cast<std::size_t>(max_slots) * pools_.size(), -1);
   need_.assign(pools_.size(), 0);
@@ -96,11 +98,15 @@ void KvLedger::shuffle_free_pages(std::int32_t pool, std::uint64_t seed) {
 
 void KvLedger::clear_commands() {
   for (auto& c : cmds_) c->clear();
+  for (std::size_t i = 0; i < pools_.size(); ++i) adopt_left_[i] = pools_[i].adopt_page_ids;
+  adopted_this_step_ = false;
 }
 
 void KvLedger::clear_commands(std::int32_t pool) {
   config(pool);
   cmds_[static_cast<std::size_t>(pool)]->clear();
+  adopt_left_[static_cast<std::size_t>(pool)] =
+      pools_[static_cast<std::size_t>(pool)].adopt_page_ids;
 }
 
 bool KvLedger::self_pool_of(std::int32_t pool, std::int32_t group) const {
@@ -137,7 +143,7 @@ std::int32_t KvLedger::usable_pages(std::int32_t pool) const {
 }
 std::int32_t KvLedger::free_pages(std::int32_t pool) const {
   config(pool);
-  return alloc_[static_cast<std::size_t>(pool)]->free_pages();
+  return slots_[static_cast<std::size_t>(pool)]->available_pages();
 }
 std::int32_t KvLedger::reserved_pages(std::int32_t pool) const {
   config(pool);
@@ -306,14 +312,19 @@ std::int32_t first_needed_page(const PoolGeometry& g, std::int32_t tokens) {
 
 }  // namespace
 
-std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys) const {
+std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys, bool within_budget) const {
   if (!caches_all_ || keys.empty()) return 0;
+  // Page ids pool i may still spend on adoption this step (no limit without a budget of its own).
+  const auto budget = [&](std::int32_t i) {
+    return within_budget && pools_[i].adopt_page_ids > 0 ? adopt_left_[static_cast<std::size_t>(i)]
+                                                         : pools_[i].geometry.max_pages_per_slot;
+  };
   // Full pools serve a prefix of pages, so the hit is at most their common run from page 0.
   auto most = static_cast<std::int32_t>(std::min(keys.size(), served_.size() - 1));
   for (std::int32_t i = 0; i < num_pools(); ++i) {
     const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
     if (!c || pools_[i].geometry.kind != AttentionKind::kFull) continue;
-    most = std::min(most, pools_[i].geometry.max_pages_per_slot);
+    most = std::min({most, pools_[i].geometry.max_pages_per_slot, budget(i)});
     std::int32_t j = 0;
     while (j < most && c->find(keys[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage) ++j;
     most = j;
@@ -334,7 +345,8 @@ std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys) const {
     for (std::int32_t n = 1; n <= most; ++n) {
       run = c->find(keys[static_cast<std::size_t>(n - 1)]) != PrefixCache::kNoPage ? run + 1 : 0;
       const std::int32_t need = n - first_needed_page(g, n * g.page_size);
-      if (run >= need && n <= g.max_pages_per_slot) ++served_[static_cast<std::size_t>(n)];
+      if (run >= need && n <= g.max_pages_per_slot && need <= budget(i))
+        ++served_[static_cast<std::size_t>(n)];
     }
   }
   for (std::int32_t n = most; n > 0; --n)
@@ -365,6 +377,10 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
         reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
     GD_REQUIRE(reserved < 0 || n - first <= reserved, "prefix_pages", n,
                "exceeds the request's reservation in " + pool_name(i, g));
+    GD_REQUIRE(
+        pools_[i].adopt_page_ids == 0 || n - first <= adopt_left_[static_cast<std::size_t>(i)],
+        "prefix_pages", n,
+        "exceeds the page ids left this step for prefix hits in " + pool_name(i, g));
     cmds_[i]->require_room(1, n - first);
   }
   for (std::int32_t i = 0; i < num_pools(); ++i) {
@@ -374,11 +390,13 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
     const std::int32_t first = first_needed_page(g, n * g.page_size);
     for (std::int32_t j = first; j < n; ++j)
       found_[static_cast<std::size_t>(j - first)] = c->find(keys[static_cast<std::size_t>(j)]);
+    adopt_left_[static_cast<std::size_t>(i)] -= n - first;
     slots_[i]->adopt(
         slot, n * g.page_size, first,
         std::span<const std::int32_t>(found_.data(), static_cast<std::size_t>(n - first)),
         *cmds_[i]);
   }
+  adopted_this_step_ = true;
 }
 
 void KvLedger::publish_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t first,

@@ -39,6 +39,9 @@ struct LedgerPool {
   // Self-attention pools: share full pages of equal token prefixes across requests
   // (memory/prefix_cache.h). Every caching pool has the same page size. Ignored by cross pools.
   bool prefix_cache = false;
+  // Page ids one step's image may spend on prefix hits (adopt_prefix) in this pool, on top of
+  // what its extends need; 0: no budget of its own (only the command batch's room limits).
+  std::int32_t adopt_page_ids = 0;
 };
 
 // The largest a request can grow: its reservation.
@@ -80,7 +83,10 @@ class KvLedger {
   // The longest n <= keys.size() such that every self pool can serve a request whose first n
   // pages have chain keys keys[0..n): a full pool holds pages [0, n), a sliding pool the pages
   // covering the window at position n * page_size. 0 when the ledger caches no prefixes.
-  std::int32_t match_prefix(std::span<const PageKey> keys) const;
+  // within_budget: also no more pages to adopt in any pool than its adopt_page_ids left this step.
+  std::int32_t match_prefix(std::span<const PageKey> keys, bool within_budget = true) const;
+  // Has a prefix hit spent adoption budget since the last clear_commands()?
+  bool adopted_this_step() const noexcept { return adopted_this_step_; }
   // Starts a freshly admitted slot (0 tokens) at n * page_size tokens on the cached pages of
   // keys[0..n) (match_prefix(keys) >= n), one more reference each, in every self pool; all or
   // nothing.
@@ -121,8 +127,9 @@ class KvLedger {
   // KV extent held in the self pools of `group` (the first such pool's count).
   std::int32_t tokens(std::int32_t slot, std::int32_t group = 0) const;
   std::int32_t active_requests() const noexcept { return slots_[0]->active_slots(); }
-  // Pages of pool i: usable (all but the reserved page), free in the allocator, reserved by
-  // admitted requests, and held now by slot.
+  // Pages of pool i: usable (all but the reserved page), free (an allocation may take them now:
+  // free in the allocator, plus cached pages no request holds, which the prefix cache evicts on
+  // demand), reserved by admitted requests, and held now by slot.
   std::int32_t usable_pages(std::int32_t pool) const;
   std::int32_t free_pages(std::int32_t pool) const;
   std::int32_t reserved_pages(std::int32_t pool) const;
@@ -140,12 +147,14 @@ class KvLedger {
   std::vector<std::unique_ptr<TableCommandBatch>> cmds_;
   std::vector<std::unique_ptr<PrefixCache>> caches_;  // [pool] nullptr where none
   bool caches_all_ = false;                           // every self pool has a cache
-  mutable std::vector<std::int32_t> served_;          // [max pages + 1] match scratch, sized once
-  std::vector<std::int32_t> found_;                   // [max pages] adopt scratch, sized once
-  std::vector<std::int32_t> reserved_;                // [pool] pages reserved by admitted requests
-  std::vector<std::int32_t> reservation_;             // [slot][pool] pages reserved (-1: none)
-  std::vector<std::int32_t> need_;                    // [pool] admission scratch, sized once
-  std::vector<std::int32_t> grow_;  // [pool] extend scratch (-1: untouched), sized once
+  std::vector<std::int32_t> adopt_left_;              // [pool] adoption page ids left this step
+  bool adopted_this_step_ = false;
+  mutable std::vector<std::int32_t> served_;  // [max pages + 1] match scratch, sized once
+  std::vector<std::int32_t> found_;           // [max pages] adopt scratch, sized once
+  std::vector<std::int32_t> reserved_;        // [pool] pages reserved by admitted requests
+  std::vector<std::int32_t> reservation_;     // [slot][pool] pages reserved (-1: none)
+  std::vector<std::int32_t> need_;            // [pool] admission scratch, sized once
+  std::vector<std::int32_t> grow_;            // [pool] extend scratch (-1: untouched), sized once
 };
 
 }  // namespace graphdecode

@@ -342,7 +342,11 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
   if (auto bad = check(ops)) return bad;
   hits[1] = model[0].evictions + model[1].evictions + model[2].evictions;
   for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
-    const std::int64_t avail = ledger.free_pages(i) + ledger.prefix_cache(i)->stats().lru_pages;
+    const std::int64_t avail =
+        ledger.slots(i).allocator().free_pages() + ledger.prefix_cache(i)->stats().lru_pages;
+    if (ledger.free_pages(i) != avail)
+      return "pool " + std::to_string(i) +
+             ": free_pages() does not count cached unreferenced pages";
     if (avail != ledger.usable_pages(i))
       return "pool " + std::to_string(i) + " leaked: " + std::to_string(avail) + " of " +
              std::to_string(ledger.usable_pages(i)) + " pages available at the end";
