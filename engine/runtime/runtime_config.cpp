@@ -83,12 +83,12 @@ KvPoolConfig pool_config(const AttentionLayout& layout, const RuntimeOptions& o,
 
 namespace {
 
-// Prefix cache: page ids a step may spend on hits in a self pool, on top of its extends: two
+// Prefix cache: page ids a step may spend on hits in a self pool, on top of its extends: four
 // hits of a whole context per step (more hits wait a step), so that the image, copied whole every
 // step, grows by a few hundred ids rather than by max_batch contexts.
 std::int32_t prefix_adopt_page_ids(const PoolGeometry& g, const RuntimeOptions& o) {
   if (!o.prefix_cache || g.kind == AttentionKind::kCross) return 0;
-  return 2 * pages_for_tokens(o.max_kv_len, o.page_size);
+  return 4 * pages_for_tokens(o.max_kv_len, o.page_size);
 }
 
 // Per step: releases, truncates and extends of every slot (<= 2 commands each); page ids for the
