@@ -50,7 +50,11 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
   o.max_kv_len = c.max_context + k;
   o.page_size = c.page_size;
   o.deterministic = c.deterministic;
-  o.prefix_cache = c.prefix_cache;
+  // Prompt lookup proposes from a device history of each slot's tokens written from the step's
+  // token rows: a hit's cached positions would never be written there (stale ids of the slot's
+  // previous request), so an engine with prompt lookup serves without the prefix cache. A draft
+  // model keeps no such state: its pools are matched with the target's (a hit covers both).
+  o.prefix_cache = c.prefix_cache && !(k > 0 && c.speculative.proposer == SpecProposer::kNgram);
   // +1: page 0 of every pool is the reserved padding page.
   o.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
   o.sliding_pages = c.sliding_pages > 0 ? c.sliding_pages + 1 : 0;
