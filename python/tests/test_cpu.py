@@ -197,6 +197,7 @@ def test_arrays_cross_without_a_python_call_per_token():
     (dict(max_batch="32"), "max_batch"),
     (dict(max_context=2**31), "max_context"),
     (dict(use_graphs=1), "use_graphs"),
+    (dict(prefix_cache="yes"), "prefix_cache"),
     (dict(max_batchh=4), "max_batchh"),
     (dict(speculative=gd.Speculative(max_draft_tokens=2, proposer="oracle")),
      "speculative.proposer"),
@@ -212,6 +213,7 @@ def test_bad_engine_options_name_the_field(kwargs, field):
 
 def test_good_engine_options_convert():
     gd.check_engine_options(max_batch=8, max_context=512, use_graphs=False, deterministic=True,
+                            prefix_cache=False,
                             speculative=gd.Speculative(max_draft_tokens=3, proposer="ngram",
                                                        k_by_batch=[(4, 3), (16, 1)]))
 
