@@ -354,6 +354,47 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
   return std::nullopt;
 }
 
+TEST(PrefixCacheLedger, RefusedHitsNameTheFieldAndChangeNothing) {
+  const std::vector<LedgerPool> pools = {pool(AttentionKind::kFull, 40, 0),
+                                         pool(AttentionKind::kSliding, 40, 0)};
+  KvLedger l(pools);
+  std::vector<std::int32_t> tokens(40);
+  for (std::int32_t i = 0; i < 40; ++i) tokens[static_cast<std::size_t>(i)] = i % 5;
+  std::vector<PageKey> keys(10);
+  chain_page_keys(tokens, kPage, 1, keys);
+  const std::int32_t a = *l.try_admit(KvReservation{40, 0});
+  for (int i = 0; i < 5; ++i) l.extend(a, 8);  // steps within the sliding pool's step tokens
+  l.publish_prefix(a, keys, 0, 10);
+  l.release(a);
+  l.clear_commands();
+  const std::int32_t b = *l.try_admit(KvReservation{40, 0});
+  EXPECT_EQ(l.match_prefix(keys), 10);
+  const auto field = [&](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.field();
+    }
+    return std::string("<no error>");
+  };
+  std::vector<PageKey> other = keys;
+  other[9] ^= 1;  // page 9 not cached: the full pool cannot serve 10
+  EXPECT_EQ(field([&] { l.adopt_prefix(b, other, 10); }), "prefix_pages");
+  EXPECT_EQ(field([&] { l.adopt_prefix(b, keys, 11); }), "prefix_pages");
+  EXPECT_EQ(l.tokens(b), 0);  // nothing changed in any pool
+  EXPECT_EQ(l.slots(1).tokens(b), 0);
+  EXPECT_TRUE(l.commands(0).empty() && l.commands(1).empty());
+  EXPECT_EQ(l.prefix_cache(0)->stats().lru_pages, 10);
+  l.adopt_prefix(b, keys, 10);
+  EXPECT_EQ(l.tokens(b), 40);
+  // The sliding pool holds only the window's pages at position 40: window 6 -> pages 8 and 9.
+  EXPECT_EQ(l.pages_held(1, b), 2);
+  EXPECT_EQ(l.pages_held(0, b), 10);
+  EXPECT_EQ(field([&] { l.adopt_prefix(b, keys, 10); }), "slot");  // already holds tokens
+  l.truncate(b, 40);
+  EXPECT_EQ(field([&] { l.publish_prefix(b, keys, 0, 11); }), "end");
+}
+
 std::optional<std::string> run_model_check(std::uint64_t seed, std::int32_t ops,
                                            std::int32_t planted_bug_every, std::int64_t* hits) {
   try {
