@@ -313,6 +313,16 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
         learn(r.slot);
         if (drafts > 0) {  // rejected rows rolled back: never below the committed prefix
           ledger.truncate(r.slot, r.cached + c);
+          // A rollback returns only the request's own unpublished pages, never a shared one.
+          for (std::size_t i = 0; i < pools.size(); ++i) {
+            const auto now = ledger.slots(static_cast<std::int32_t>(i)).row(r.slot);
+            for (std::int32_t j = 0; j < kMaxPages; ++j) {
+              const std::int32_t p = model[i].rows[r.slot][static_cast<std::size_t>(j)];
+              if (p != kInvalidPage && now[j] != p && (model[i].refs[p] != 1 || model[i].key[p]))
+                return "op " + std::to_string(op) + ": rollback returned shared page " +
+                       std::to_string(p);
+            }
+          }
           learn(r.slot);
         }
         r.cached += c;
