@@ -28,6 +28,11 @@
 // step then attends over each request's own encoder length (0 = a text-only request, for which
 // the cross layers are an exact identity), in the same captured graphs for any mix.
 //
+// Prefix caching (docs/prefix_cache.md; EngineConfig::prefix_cache, on by default): requests
+// that start with the same tokens share the KV pages of that prefix, page by page; a request's
+// prefill starts after the longest cached prefix every pool can serve (never its last prompt
+// token), and pages stay cached after their requests finish until a pool needs room (LRU).
+//
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
 // that could never fit the KV pool, bad sampling parameters; encoder states of the wrong width,
 // longer than max_encoder_len, not device memory when on_device says so, or given to a model
