@@ -13,6 +13,12 @@
 // a sliding window is admitted by what its window pool really holds. Slots taken by acquire()
 // reserve nothing and take pages first come, first served (tests and the replay fuzzer drive the
 // pools directly); mixing both gives up the admission guarantee.
+//
+// Prefix cache (pools with LedgerPool::prefix_cache; memory/prefix_cache.h): every page of a
+// caching pool is reference counted; match_prefix / adopt_prefix start an admitted request on
+// pages earlier requests published (all pools or none), publish_prefix names a request's full,
+// final pages. Cached pages no request holds count as free and are evicted on demand, so the
+// reservation rule above is unchanged.
 #pragma once
 
 #include <cstdint>
