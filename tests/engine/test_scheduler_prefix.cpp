@@ -279,8 +279,20 @@ TEST(SchedulerPrefix, PoolUnderPressureEvictsOnlyUnreferencedPagesAndRequestsWai
 
 TEST(SchedulerPrefix, RandomWorkloadReadsOnlyItsOwnTokens) {
   std::mt19937_64 rng(1234);
-  for (const bool cache : {true, false}) {
-    Rig t(mixed(cache, 5));
+  // Cache on and off; and a draft model's pools beside the target's (group 1), which share only
+  // prompt pages (SchedulerConfig::share_generated off, as the engine sets it for a draft).
+  for (const int variant : {0, 1, 2}) {
+    const bool cache = variant != 1;
+    std::vector<LedgerPool> pools = mixed(cache, 5);
+    SchedulerConfig sc = config();
+    if (variant == 2) {
+      pools.push_back(pool(AttentionKind::kFull, 200, true));
+      pools.back().group = 1;
+      pools.push_back(pool(AttentionKind::kSliding, 100, true, 9));
+      pools.back().group = 1;
+      sc.share_generated = false;
+    }
+    Rig t(pools, sc);
     std::vector<std::vector<std::int32_t>> stems;
     for (int s = 0; s < 3; ++s) stems.push_back(seq(90, s));
     std::map<RequestId, std::vector<std::int32_t>> outputs;
@@ -311,9 +323,9 @@ TEST(SchedulerPrefix, RandomWorkloadReadsOnlyItsOwnTokens) {
       for (const TokenEvent& e : t.step(p)) outputs[e.id].push_back(e.token);
     }
     t.run();
-    EXPECT_EQ(t.bad_reads, 0) << "cache " << cache;
+    EXPECT_EQ(t.bad_reads, 0) << "variant " << variant;
     EXPECT_GT(t.reads, 100000);
-    if (cache) EXPECT_GT(t.s.prefix_counters().hit_tokens, 1000);
+    if (cache) EXPECT_GT(t.s.prefix_counters().hit_tokens, 1000) << "variant " << variant;
   }
 }
 
