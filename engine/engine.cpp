@@ -51,6 +51,11 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
   o.max_kv_len = c.max_context + k;
   o.page_size = c.page_size;
   o.deterministic = c.deterministic;
+  // Prompt lookup proposes from a device history of each slot's tokens written from the step's
+  // token rows: a hit's cached positions would never be written there (stale ids of the slot's
+  // previous request), so an engine with prompt lookup serves without the prefix cache. A draft
+  // model keeps no such state: its pools are matched with the target's (a hit covers both).
+  o.prefix_cache = c.prefix_cache && !(k > 0 && c.speculative.proposer == SpecProposer::kNgram);
   // +1: page 0 of every pool is the reserved padding page.
   o.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
   o.sliding_pages = c.sliding_pages > 0 ? c.sliding_pages + 1 : 0;
@@ -60,7 +65,7 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
 }
 
 SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c,
-                                 std::int32_t slack) {
+                                 std::int32_t slack, bool draft_model) {
   SchedulerConfig s;
   s.max_batch = c.max_batch;
   s.max_step_tokens = std::max(c.max_step_tokens, c.max_batch);
@@ -70,6 +75,8 @@ SchedulerConfig scheduler_config(const ModelConfig& model, const EngineConfig& c
   s.reserve_slack = slack;
   s.max_encoder_len = model.any_cross() ? c.max_encoder_len : 0;
   s.encoder_width = model.hidden_size;
+  // A draft model's K/V at generated positions follow the speculative schedule: share prompts only.
+  s.share_generated = !draft_model;
   return s;
 }
 
@@ -106,7 +113,9 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
     runner_ = std::make_unique<DecodeRunner>(weights, ro, config_.use_graphs, stream_);
   }
   scheduler_ = std::make_unique<Scheduler>(
-      scheduler_config(weights.config, config_, runner_->reserve_slack()), runner_->ledger());
+      scheduler_config(weights.config, config_, runner_->reserve_slack(),
+                       runner_->ledger().has_group(1)),
+      runner_->ledger());
 
   const auto b = static_cast<std::size_t>(config_.max_batch);
   const auto k = static_cast<std::size_t>(config_.speculative.max_draft_tokens);
@@ -276,6 +285,13 @@ EngineStats Engine::stats() const {
   s.decode_p50_us = percentile(window, 0.50);
   s.decode_p90_us = percentile(window, 0.90);
   s.decode_p99_us = percentile(window, 0.99);
+  const PrefixCacheCounters& pc = scheduler_->prefix_counters();
+  s.prefix_lookup_tokens = pc.lookup_tokens;
+  s.prefix_hit_tokens = pc.hit_tokens;
+  const PrefixCacheStats ps = runner_->ledger().prefix_stats();
+  s.prefix_cached_pages = ps.cached_pages;
+  s.prefix_unreferenced_pages = ps.lru_pages;
+  s.prefix_evictions = ps.evictions;
   return s;
 }
 

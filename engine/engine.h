@@ -28,6 +28,11 @@
 // step then attends over each request's own encoder length (0 = a text-only request, for which
 // the cross layers are an exact identity), in the same captured graphs for any mix.
 //
+// Prefix caching (docs/prefix_cache.md; EngineConfig::prefix_cache, on by default): requests
+// that start with the same tokens share the KV pages of that prefix, page by page; a request's
+// prefill starts after the longest cached prefix every pool can serve (never its last prompt
+// token), and pages stay cached after their requests finish until a pool needs room (LRU).
+//
 // Bad input (empty prompt, unknown token id, prompt + max_new_tokens beyond max_context, a request
 // that could never fit the KV pool, bad sampling parameters; encoder states of the wrong width,
 // longer than max_encoder_len, not device memory when on_device says so, or given to a model
@@ -69,6 +74,10 @@ struct EngineConfig {
   std::int32_t page_size = 16;
   bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
   bool deterministic = false;  // batch-invariant attention split-KV
+  // Prefix caching across requests (docs/prefix_cache.md): full pages of equal token prefixes are
+  // shared, kept after their requests finish, evicted least recently used when room is needed.
+  // Ignored (off) with speculative prompt lookup, whose per-slot token history a hit would skip.
+  bool prefix_cache = true;
   // Speculative decoding: most draft tokens per step (0 = off), k by batch size (empty:
   // default_k_rules), the proposer (a draft model passed to the Engine, or prompt lookup).
   struct Speculative {
@@ -89,6 +98,15 @@ struct EngineStats {
   std::int64_t finished = 0;          // including cancelled
   std::int64_t cancelled = 0;
   double busy_s = 0;  // wall time inside step(), host + device
+  // Prefix cache: prompt tokens looked up at admission and those found cached (not prefilled;
+  // prompt_tokens counts only the prefilled ones), pages cached now (every caching pool, held or
+  // not), pages of them no request holds, cached pages evicted for room.
+  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
+  std::int64_t prefix_cached_pages = 0, prefix_unreferenced_pages = 0, prefix_evictions = 0;
+  double prefix_hit_rate() const {
+    return prefix_lookup_tokens > 0 ? static_cast<double>(prefix_hit_tokens) / prefix_lookup_tokens
+                                    : 0.0;
+  }
   // Speculative decoding: request-steps of speculative steps, drafts proposed and accepted, and
   // per draft position j (0-based) how often a draft was proposed and accepted there.
   std::int64_t spec_rows = 0, drafted_tokens = 0, accepted_tokens = 0;

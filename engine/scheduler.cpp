@@ -8,6 +8,19 @@
 #include "common/request_rules.h"
 
 namespace graphdecode {
+namespace {
+
+// The chain's seed: a constant for text-only requests, the encoder's identity otherwise (the text
+// K/V of a cross-attention model depend on the encoder states). Pool identity (model, kind,
+// window) is mixed in by each pool's cache.
+PageKey chain_seed(const RequestSpec& s) {
+  constexpr PageKey kText = 0x6772617068646563ull;
+  return s.encoder.length > 0 ? next_page_key(kText ^ s.encoder_id,
+                                              std::span<const std::int32_t>(&s.encoder.length, 1))
+                              : kText;
+}
+
+}  // namespace
 
 void SchedulerConfig::validate() const {
   GD_REQUIRE(max_batch > 0, "max_batch", max_batch, "must be positive");
@@ -80,6 +93,16 @@ RequestId Scheduler::submit(RequestSpec spec) {
   } else if (enc.length == 0) {
     spec.encoder = EncoderStates{};
   }
+  // Prefix cache: requests with encoder states share only under a caller-given encoder identity.
+  r.shares = ledger_.caches_prefixes() && (enc.length == 0 || spec.encoder_id != 0);
+  if (r.shares) {
+    const std::int32_t P = ledger_.config(0).geometry.page_size;
+    const auto full = static_cast<std::size_t>(prompt_len / P);
+    r.keys.reserve(static_cast<std::size_t>(
+        pages_for_tokens(static_cast<std::int32_t>(prompt_len) + spec.max_new_tokens, P)));
+    r.keys.resize(full);
+    chain_page_keys(spec.prompt, P, chain_seed(spec), r.keys);
+  }
   r.spec = std::move(spec);
   requests_.emplace(id, std::move(r));
   queue_.push_back(id);
@@ -99,10 +122,16 @@ void Scheduler::next_step(StepPlan& plan) {
   // Admission: FIFO, so a large request at the head is not starved by small ones behind it.
   while (!queue_.empty() && running() < config_.max_batch) {
     Request& r = requests_.at(queue_.front());
+    // A hit larger than the step's adoption budget left waits for the next step's budget.
+    if (r.shares && ledger_.adopted_this_step() &&
+        ledger_.match_prefix(prefix_lookup(r), true) <
+            ledger_.match_prefix(prefix_lookup(r), false))
+      break;
     const std::optional<std::int32_t> slot = ledger_.try_admit(reservation(r.spec));
     if (!slot) break;
     r.slot = *slot;
     r.admitted = true;
+    if (r.shares) match_prefix(r);
     running_.push_back(queue_.front());
     plan.admitted.push_back(queue_.front());
     queue_.pop_front();
@@ -140,6 +169,47 @@ void Scheduler::next_step(StepPlan& plan) {
         std::span<const std::int32_t>(r.tokens).subspan(static_cast<std::size_t>(r.cached), 1),
         true, r.spec.encoder.length});
   }
+}
+
+std::span<const PageKey> Scheduler::prefix_lookup(const Request& r) const {
+  const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
+  const std::int32_t P = ledger_.config(0).geometry.page_size;
+  // Never the whole prompt: the page of the last prompt token is computed (its logits sample).
+  return {r.keys.data(), static_cast<std::size_t>((prompt_len - 1) / P)};
+}
+
+void Scheduler::match_prefix(Request& r) {
+  const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
+  const std::int32_t P = ledger_.config(0).geometry.page_size;
+  const std::span<const PageKey> lookup = prefix_lookup(r);
+  const std::int32_t n = ledger_.match_prefix(lookup);
+  ledger_.adopt_prefix(r.slot, lookup, n);  // cannot fail: matched just now, within reservation
+  r.cached = r.hit = n * P;
+  r.published = n;  // the adopted pages are already cached
+  prefix_.lookup_tokens += prompt_len;
+  prefix_.hit_tokens += r.hit;
+}
+
+void Scheduler::publish_pages(Request& r) {
+  if (!r.shares) return;
+  const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
+  const std::int32_t P = ledger_.config(0).geometry.page_size;
+  // Committed tokens whose ids are known here (a speculative step's committed tokens are appended
+  // after this call: their pages are published by the next one).
+  const std::int32_t known = std::min(r.cached, static_cast<std::int32_t>(r.tokens.size()));
+  const std::int32_t limit = config_.share_generated ? known : std::min(known, prompt_len);
+  const std::int32_t end = limit / P;
+  if (end <= r.published) return;
+  // Keys of pages past the prompt's (generated tokens): one more link each, in reserved capacity.
+  while (static_cast<std::int32_t>(r.keys.size()) < end) {
+    const std::size_t j = r.keys.size();
+    r.keys.push_back(
+        next_page_key(j == 0 ? chain_seed(r.spec) : r.keys.back(),
+                      std::span<const std::int32_t>(r.tokens).subspan(
+                          j * static_cast<std::size_t>(P), static_cast<std::size_t>(P))));
+  }
+  ledger_.publish_prefix(r.slot, r.keys, r.published, end);
+  r.published = end;
 }
 
 std::vector<TokenEvent> Scheduler::on_step_done(const StepPlan& plan,
@@ -187,11 +257,14 @@ void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t>
     Request& r = requests_.at(p.id);
     if (!p.samples) {
       r.cached += p.extend_len;
+      publish_pages(r);
       continue;
     }
     // Prefill: the chunk is cached now; decode and speculative rows: every committed token but the
     // last is cached now (the last is the next step's input).
     r.cached += plan.kind == StepKind::kExtend ? p.extend_len : static_cast<std::int32_t>(n);
+    // Before any release below: a finishing request's pages go back to the cache named.
+    publish_pages(r);
     for (const std::int32_t token : mine) {
       r.tokens.push_back(token);
       ++r.generated;
@@ -239,6 +312,9 @@ const SamplingParams& Scheduler::sampling(RequestId id) const {
 }
 bool Scheduler::speculates(RequestId id) const {
   return find(id).spec.speculate;
+}
+std::int32_t Scheduler::prefix_hit(RequestId id) const {
+  return find(id).hit;
 }
 std::int32_t Scheduler::slot(RequestId id) const {
   const Request& r = find(id);

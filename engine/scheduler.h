@@ -17,6 +17,18 @@
 // meets a full pool; when a pool is full, new requests wait (never an error, never dropped). A
 // request that could never fit is refused at submit(). A request with encoder states reserves its
 // encoder's pages in the cross pools too, and returns them when it finishes.
+//
+// Prefix cache (when every self-attention pool of the ledger caches prefixes): at admission the
+// prompt is matched page by page (chained keys, memory/prefix_cache.h), never the whole prompt:
+// the hit stops before the page holding the last prompt token, which must be computed for the
+// request's first logits. The request starts as if its first hit tokens were an already
+// prefilled chunk on the shared pages (prefill is extend with prefix from there). After each step
+// the request's full pages of committed tokens are published, so later requests (and requests
+// admitted while this one still runs) share them; on finish or cancel its pages go back to the
+// cache, not to the free list. Shared pages are full pages strictly inside the committed prefix,
+// so a speculative rollback never touches one. The reservation is unchanged (a hit reserves its
+// shared pages too): cached unreferenced pages count as available, so reservation stays the one
+// count of free memory.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +72,10 @@ struct RequestSpec {
   SamplingParams sampling;
   bool speculate = true;  // in an engine with speculative decoding: draft for this request
   EncoderStates encoder;  // cross-attention models only; length 0 = text only
+  // Prefix cache: names the encoder states (e.g. an image hash). Requests with equal nonzero ids
+  // must have identical encoder states; they then share the text prefix's pages (the cross K/V
+  // are still projected per request). 0 with encoder states: this request shares nothing.
+  std::uint64_t encoder_id = 0;
 };
 
 struct SchedulerConfig {
@@ -77,6 +93,10 @@ struct SchedulerConfig {
   // model has no cross layers and refuses encoder states.
   std::int32_t max_encoder_len = 0;
   std::int32_t encoder_width = 0;
+  // Prefix cache (when the ledger caches prefixes): also share pages of generated tokens, not only
+  // the prompt's. Off for engines with a draft model, whose KV of generated positions is written
+  // by speculative steps on a schedule of its own (engine/spec/); prompts are shared there too.
+  bool share_generated = true;
 
   void validate() const;  // Error names the bad field
 };
@@ -98,6 +118,13 @@ struct StepPlan {
   std::vector<PlannedRequest> requests;  // empty: nothing to run
   std::vector<RequestId> admitted;       // admitted by this call (slots reserved in the ledger)
   bool empty() const { return requests.empty(); }
+};
+
+// Prefix cache counters (memory/prefix_cache.h): prompt tokens matched at admission and the
+// tokens found cached there (their prefill is skipped).
+struct PrefixCacheCounters {
+  std::int64_t lookup_tokens = 0;  // prompt tokens of requests admitted with sharing on
+  std::int64_t hit_tokens = 0;     // of those, tokens whose K/V came from the cache
 };
 
 struct TokenEvent {
@@ -149,6 +176,9 @@ class Scheduler {
   const SamplingParams& sampling(RequestId id) const;
   bool speculates(RequestId id) const;
   std::int32_t slot(RequestId id) const;  // admitted requests: the slot in every pool
+  // Tokens of the request whose K/V came from the prefix cache at admission.
+  std::int32_t prefix_hit(RequestId id) const;
+  const PrefixCacheCounters& prefix_counters() const noexcept { return prefix_; }
   // The request's encoder states (data: the submit-time copy for host memory, else the caller's
   // device pointer; nullptr once dropped). length 0: none.
   EncoderStates encoder(RequestId id) const;
@@ -164,8 +194,20 @@ class Scheduler {
     std::int32_t slot = 0;  // while admitted
     bool admitted = false;
     std::vector<std::uint16_t> encoder_copy;  // host encoder states until projected
+    // Prefix cache: chain keys of the full pages known so far (capacity for the whole extent,
+    // reserved at submit), the pages published, the tokens found cached at admission.
+    bool shares = false;
+    std::vector<PageKey> keys;
+    std::int32_t published = 0;
+    std::int32_t hit = 0;
   };
   KvReservation reservation(const RequestSpec& s) const;
+  // The keys a prompt is matched by: its full pages but the one of its last token.
+  std::span<const PageKey> prefix_lookup(const Request& r) const;
+  // Admission: starts the request on the longest cached prefix every pool can serve.
+  void match_prefix(Request& r);
+  // After a step: names the request's full, final pages in the cache.
+  void publish_pages(Request& r);
   const Request& find(RequestId id) const;
 
   SchedulerConfig config_;
@@ -175,6 +217,7 @@ class Scheduler {
   std::vector<RequestId> running_;  // admitted, in admission order
   std::unordered_map<RequestId, Request> requests_;
   std::vector<std::int32_t> ones_;  // on_step_done of one token per request
+  PrefixCacheCounters prefix_;
 };
 
 }  // namespace graphdecode

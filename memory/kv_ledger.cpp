@@ -35,6 +35,38 @@ KvLedger::KvLedger(std::span<const LedgerPool> pools) : pools_(pools.begin(), po
     slots_.push_back(std::make_unique<RequestSlots>(p.geometry, *alloc_.back()));
     cmds_.push_back(std::make_unique<TableCommandBatch>(p.max_commands, p.max_page_ids));
   }
+  // Prefix caches: one per caching self pool, seeded by the pool's identity so that keys of
+  // different pools (a target's and a draft's, full and sliding) never meet.
+  caches_all_ = true;
+  bool any_self = false;
+  std::int32_t cache_page = 0, most_pages = 0;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    const LedgerPool& p = pools_[i];
+    const bool self = p.geometry.kind != AttentionKind::kCross;
+    any_self = any_self || self;
+    most_pages = std::max(most_pages, p.geometry.max_pages_per_slot);
+    if (!self || !p.prefix_cache) {
+      caches_.push_back(nullptr);
+      caches_all_ = caches_all_ && !self;
+      continue;
+    }
+    GD_REQUIRE(cache_page == 0 || p.geometry.page_size == cache_page,
+               pool_name(static_cast<std::int32_t>(i), p.geometry) + ".page_size",
+               p.geometry.page_size, "every prefix-caching pool has the same page size");
+    cache_page = p.geometry.page_size;
+    const std::uint64_t seed =
+        (static_cast<std::uint64_t>(i) << 56) ^ (static_cast<std::uint64_t>(p.group) << 48) ^
+        (static_cast<std::uint64_t>(p.geometry.kind) << 40) ^
+        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(p.geometry.window_left)) << 8) ^
+        static_cast<std::uint64_t>(p.geometry.page_size);
+    caches_.push_back(std::make_unique<PrefixCache>(*alloc_[i], seed));
+    slots_[i]->attach_cache(*caches_.back());
+  }
+  caches_all_ = caches_all_ && any_self;
+  served_.assign(static_cast<std::size_t>(most_pages) + 1, 0);
+  found_.assign(static_cast<std::size_t>(most_pages), 0);
+  adopt_left_.resize(pools_.size());
+  for (std::size_t i = 0; i < pools_.size(); ++i) adopt_left_[i] = pools_[i].adopt_page_ids;
   reserved_.assign(pools_.size(), 0);
   reservation_.assign(static_cast<std::size_t>(max_slots) * pools_.size(), -1);
   need_.assign(pools_.size(), 0);
@@ -66,11 +98,15 @@ void KvLedger::shuffle_free_pages(std::int32_t pool, std::uint64_t seed) {
 
 void KvLedger::clear_commands() {
   for (auto& c : cmds_) c->clear();
+  for (std::size_t i = 0; i < pools_.size(); ++i) adopt_left_[i] = pools_[i].adopt_page_ids;
+  adopted_this_step_ = false;
 }
 
 void KvLedger::clear_commands(std::int32_t pool) {
   config(pool);
   cmds_[static_cast<std::size_t>(pool)]->clear();
+  adopt_left_[static_cast<std::size_t>(pool)] =
+      pools_[static_cast<std::size_t>(pool)].adopt_page_ids;
 }
 
 bool KvLedger::self_pool_of(std::int32_t pool, std::int32_t group) const {
@@ -107,7 +143,7 @@ std::int32_t KvLedger::usable_pages(std::int32_t pool) const {
 }
 std::int32_t KvLedger::free_pages(std::int32_t pool) const {
   config(pool);
-  return alloc_[static_cast<std::size_t>(pool)]->free_pages();
+  return slots_[static_cast<std::size_t>(pool)]->available_pages();
 }
 std::int32_t KvLedger::reserved_pages(std::int32_t pool) const {
   config(pool);
@@ -178,7 +214,8 @@ void KvLedger::extend_pools(std::int32_t slot) {
     if (grow_[i] < 0) continue;
     const PoolGeometry& g = pools_[i].geometry;
     const RequestSlots::ExtendPlan plan = slots_[i]->plan_extend(slot, grow_[i]);
-    const std::int32_t available = alloc_[i]->free_pages() + plan.evict;
+    // Evicted pages another request still holds (prefix cache) free nothing.
+    const std::int32_t available = slots_[i]->available_pages() + plan.reclaim;
     GD_REQUIRE(plan.add <= available, "pages_requested", plan.add,
                "KV pool exhausted: " + pool_name(i, g) + " has " + std::to_string(available) +
                    " of " + std::to_string(usable_pages(i)) + " pages free");
@@ -260,6 +297,149 @@ void KvLedger::release(std::int32_t slot) {
     if (r > 0) reserved_[i] -= r;
     r = -1;
   }
+}
+
+// ---- prefix cache ----------------------------------------------------------------------------
+
+namespace {
+
+// First logical page a step starting at `tokens` reads in pool `g` (0 for a full pool).
+std::int32_t first_needed_page(const PoolGeometry& g, std::int32_t tokens) {
+  return g.kind == AttentionKind::kSliding
+             ? swa_first_resident_page(tokens, g.window_left, g.page_size)
+             : 0;
+}
+
+}  // namespace
+
+std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys, bool within_budget) const {
+  if (!caches_all_ || keys.empty()) return 0;
+  // Page ids pool i may still spend on adoption this step (no limit without a budget of its own).
+  const auto budget = [&](std::int32_t i) {
+    return within_budget && pools_[i].adopt_page_ids > 0 ? adopt_left_[static_cast<std::size_t>(i)]
+                                                         : pools_[i].geometry.max_pages_per_slot;
+  };
+  // Full pools serve a prefix of pages, so the hit is at most their common run from page 0.
+  auto most = static_cast<std::int32_t>(std::min(keys.size(), served_.size() - 1));
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    if (!c || pools_[i].geometry.kind != AttentionKind::kFull) continue;
+    most = std::min({most, pools_[i].geometry.max_pages_per_slot, budget(i)});
+    std::int32_t j = 0;
+    while (j < most && c->find(keys[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage) ++j;
+    most = j;
+  }
+  // A sliding pool serves n when the pages [first needed at n, n) are all present: a run of
+  // present pages ending at page n - 1 at least that long. Its servable points are not a prefix
+  // (pages out of the window may be gone while later ones remain), so count, per n, the sliding
+  // pools that serve it, and take the largest n every one does.
+  std::int32_t sliding = 0;
+  std::fill(served_.begin(), served_.begin() + most + 1, 0);
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    const PoolGeometry& g = pools_[i].geometry;
+    if (!c || g.kind != AttentionKind::kSliding) continue;
+    ++sliding;
+    ++served_[0];
+    std::int32_t run = 0;
+    for (std::int32_t n = 1; n <= most; ++n) {
+      run = c->find(keys[static_cast<std::size_t>(n - 1)]) != PrefixCache::kNoPage ? run + 1 : 0;
+      const std::int32_t need = n - first_needed_page(g, n * g.page_size);
+      if (run >= need && n <= g.max_pages_per_slot && need <= budget(i))
+        ++served_[static_cast<std::size_t>(n)];
+    }
+  }
+  for (std::int32_t n = most; n > 0; --n)
+    if (served_[static_cast<std::size_t>(n)] == sliding) return n;
+  return 0;
+}
+
+void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t n) {
+  require_slot(slot, "adopt_prefix");
+  GD_REQUIRE(caches_all_ || n == 0, "prefix_pages", n, "the ledger caches no prefixes");
+  GD_REQUIRE(n >= 0 && static_cast<std::size_t>(n) <= keys.size(), "prefix_pages", n,
+             "outside [0, keys = " + std::to_string(keys.size()) + "]");
+  if (n == 0) return;
+  // Every check of every pool first: pages found, reservation, command room.
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    if (!c) continue;
+    const PoolGeometry& g = pools_[i].geometry;
+    GD_REQUIRE(slots_[i]->tokens(slot) == 0, "slot", slot,
+               "adopt_prefix: the request already holds tokens in " + pool_name(i, g));
+    GD_REQUIRE(n <= g.max_pages_per_slot, "prefix_pages", n,
+               "exceeds the slot capacity of " + pool_name(i, g));
+    const std::int32_t first = first_needed_page(g, n * g.page_size);
+    for (std::int32_t j = first; j < n; ++j)
+      GD_REQUIRE(c->find(keys[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage, "prefix_pages",
+                 n, "page " + std::to_string(j) + " is not cached in " + pool_name(i, g));
+    const std::int32_t reserved =
+        reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
+    GD_REQUIRE(reserved < 0 || n - first <= reserved, "prefix_pages", n,
+               "exceeds the request's reservation in " + pool_name(i, g));
+    GD_REQUIRE(
+        pools_[i].adopt_page_ids == 0 || n - first <= adopt_left_[static_cast<std::size_t>(i)],
+        "prefix_pages", n,
+        "exceeds the page ids left this step for prefix hits in " + pool_name(i, g));
+    cmds_[i]->require_room(1, n - first);
+  }
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    if (!c) continue;
+    const PoolGeometry& g = pools_[i].geometry;
+    const std::int32_t first = first_needed_page(g, n * g.page_size);
+    for (std::int32_t j = first; j < n; ++j)
+      found_[static_cast<std::size_t>(j - first)] = c->find(keys[static_cast<std::size_t>(j)]);
+    adopt_left_[static_cast<std::size_t>(i)] -= n - first;
+    slots_[i]->adopt(
+        slot, n * g.page_size, first,
+        std::span<const std::int32_t>(found_.data(), static_cast<std::size_t>(n - first)),
+        *cmds_[i]);
+  }
+  adopted_this_step_ = true;
+}
+
+void KvLedger::publish_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t first,
+                              std::int32_t end) {
+  require_slot(slot, "publish_prefix");
+  GD_REQUIRE(first >= 0 && first <= end && static_cast<std::size_t>(end) <= keys.size(), "end", end,
+             "publish needs 0 <= first <= end <= keys (" + std::to_string(keys.size()) + ")");
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    if (!c) continue;
+    const RequestSlots& s = *slots_[i];
+    // Only the full pages this pool holds (a draft may hold fewer positions than its target;
+    // a sliding pool has returned the pages left of its window).
+    const std::int32_t stop = std::min(end, s.tokens(slot) / pools_[i].geometry.page_size);
+    const auto row = s.row(slot);
+    for (std::int32_t j = std::max(first, s.first_resident_page(slot)); j < stop; ++j)
+      c->publish(row[static_cast<std::size_t>(j)], keys[static_cast<std::size_t>(j)]);
+  }
+}
+
+PrefixCacheStats KvLedger::prefix_stats() const {
+  PrefixCacheStats t;
+  for (const auto& c : caches_) {
+    if (!c) continue;
+    const PrefixCacheStats s = c->stats();
+    t.cached_pages += s.cached_pages;
+    t.lru_pages += s.lru_pages;
+    t.evictions += s.evictions;
+    t.published += s.published;
+  }
+  return t;
+}
+
+const PrefixCache* KvLedger::prefix_cache(std::int32_t pool) const {
+  config(pool);
+  return caches_[static_cast<std::size_t>(pool)].get();
+}
+
+void KvLedger::inject_skipped_release_for_test(std::int32_t pool, std::int32_t every_n) {
+  config(pool);
+  PrefixCache* c = caches_[static_cast<std::size_t>(pool)].get();
+  GD_REQUIRE(c != nullptr, "pool", pool, "has no prefix cache");
+  c->inject_skipped_release_for_test(every_n);
 }
 
 bool KvLedger::has_group(std::int32_t group) const noexcept {

@@ -13,6 +13,12 @@
 // a sliding window is admitted by what its window pool really holds. Slots taken by acquire()
 // reserve nothing and take pages first come, first served (tests and the replay fuzzer drive the
 // pools directly); mixing both gives up the admission guarantee.
+//
+// Prefix cache (pools with LedgerPool::prefix_cache; memory/prefix_cache.h): every page of a
+// caching pool is reference counted; match_prefix / adopt_prefix start an admitted request on
+// pages earlier requests published (all pools or none), publish_prefix names a request's full,
+// final pages. Cached pages no request holds count as free and are evicted on demand, so the
+// reservation rule above is unchanged.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +29,7 @@
 
 #include "memory/page_allocator.h"
 #include "memory/pool_config.h"
+#include "memory/prefix_cache.h"
 #include "memory/request_slots.h"
 #include "memory/table_commands.h"
 
@@ -35,6 +42,12 @@ struct LedgerPool {
   std::int32_t group = 0;         // the model that owns the pool; extend/truncate take a group
   // Sliding pools: most tokens one request adds in one step (bounds the pages it holds at once).
   std::int32_t max_step_tokens = 0;
+  // Self-attention pools: share full pages of equal token prefixes across requests
+  // (memory/prefix_cache.h). Every caching pool has the same page size. Ignored by cross pools.
+  bool prefix_cache = false;
+  // Page ids one step's image may spend on prefix hits (adopt_prefix) in this pool, on top of
+  // what its extends need; 0: no budget of its own (only the command batch's room limits).
+  std::int32_t adopt_page_ids = 0;
 };
 
 // The largest a request can grow: its reservation.
@@ -70,6 +83,31 @@ class KvLedger {
   // Per model: tokens[g] more positions in the self pools of group g (a speculative step's target
   // and draft grow by different counts), all-or-nothing across every pool.
   void extend_groups(std::int32_t slot, std::span<const std::int32_t> tokens);
+  // ---- prefix cache (pools with LedgerPool::prefix_cache) ----------------------------------
+  // Does every self-attention pool cache prefixes (so that a hit is possible at all)?
+  bool caches_prefixes() const noexcept { return caches_all_; }
+  // The longest n <= keys.size() such that every self pool can serve a request whose first n
+  // pages have chain keys keys[0..n): a full pool holds pages [0, n), a sliding pool the pages
+  // covering the window at position n * page_size. 0 when the ledger caches no prefixes.
+  // within_budget: also no more pages to adopt in any pool than its adopt_page_ids left this step.
+  std::int32_t match_prefix(std::span<const PageKey> keys, bool within_budget = true) const;
+  // Has a prefix hit spent adoption budget since the last clear_commands()?
+  bool adopted_this_step() const noexcept { return adopted_this_step_; }
+  // Starts a freshly admitted slot (0 tokens) at n * page_size tokens on the cached pages of
+  // keys[0..n) (match_prefix(keys) >= n), one more reference each, in every self pool; all or
+  // nothing.
+  void adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t n);
+  // Names the slot's full pages [first, end) by keys[first..end) in every caching pool (pages a
+  // sliding pool already returned are skipped). Only for pages whose K/V are written and final.
+  void publish_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t first,
+                      std::int32_t end);
+  // Sum over the caching pools.
+  PrefixCacheStats prefix_stats() const;
+  // Pool i's cache, or nullptr.
+  const PrefixCache* prefix_cache(std::int32_t pool) const;
+  // Test only (the model checker's planted-bug control): see PrefixCache.
+  void inject_skipped_release_for_test(std::int32_t pool, std::int32_t every_n);
+
   // Speculative rollback: keeps the first `tokens` positions in the self pools of `group`.
   void truncate(std::int32_t slot, std::int32_t tokens, std::int32_t group = kAllGroups);
   // The request's encoder keys in every cross pool (once per request).
@@ -95,8 +133,9 @@ class KvLedger {
   // KV extent held in the self pools of `group` (the first such pool's count).
   std::int32_t tokens(std::int32_t slot, std::int32_t group = 0) const;
   std::int32_t active_requests() const noexcept { return slots_[0]->active_slots(); }
-  // Pages of pool i: usable (all but the reserved page), free in the allocator, reserved by
-  // admitted requests, and held now by slot.
+  // Pages of pool i: usable (all but the reserved page), free (an allocation may take them now:
+  // free in the allocator, plus cached pages no request holds, which the prefix cache evicts on
+  // demand), reserved by admitted requests, and held now by slot.
   std::int32_t usable_pages(std::int32_t pool) const;
   std::int32_t free_pages(std::int32_t pool) const;
   std::int32_t reserved_pages(std::int32_t pool) const;
@@ -112,10 +151,16 @@ class KvLedger {
   std::vector<std::unique_ptr<PageAllocator>> alloc_;
   std::vector<std::unique_ptr<RequestSlots>> slots_;
   std::vector<std::unique_ptr<TableCommandBatch>> cmds_;
-  std::vector<std::int32_t> reserved_;     // [pool] pages reserved by admitted requests
-  std::vector<std::int32_t> reservation_;  // [slot][pool] pages reserved (-1: none)
-  std::vector<std::int32_t> need_;         // [pool] admission scratch, sized once
-  std::vector<std::int32_t> grow_;         // [pool] extend scratch (-1: untouched), sized once
+  std::vector<std::unique_ptr<PrefixCache>> caches_;  // [pool] nullptr where none
+  bool caches_all_ = false;                           // every self pool has a cache
+  std::vector<std::int32_t> adopt_left_;              // [pool] adoption page ids left this step
+  bool adopted_this_step_ = false;
+  mutable std::vector<std::int32_t> served_;  // [max pages + 1] match scratch, sized once
+  std::vector<std::int32_t> found_;           // [max pages] adopt scratch, sized once
+  std::vector<std::int32_t> reserved_;        // [pool] pages reserved by admitted requests
+  std::vector<std::int32_t> reservation_;     // [slot][pool] pages reserved (-1: none)
+  std::vector<std::int32_t> need_;            // [pool] admission scratch, sized once
+  std::vector<std::int32_t> grow_;            // [pool] extend scratch (-1: untouched), sized once
 };
 
 }  // namespace graphdecode

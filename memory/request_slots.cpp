@@ -49,6 +49,28 @@ std::span<std::int32_t> RequestSlots::row_range(std::int32_t slot, std::int32_t 
   return {rows_.data() + base + first, static_cast<std::size_t>(end - first)};
 }
 
+void RequestSlots::attach_cache(PrefixCache& cache) {
+  GD_REQUIRE(alloc_.used_pages() == 1 && active_slots() == 0, "allocator", alloc_.used_pages(),
+             "a prefix cache is attached before any request holds a page");
+  cache_ = &cache;
+}
+
+void RequestSlots::take_pages(std::span<std::int32_t> out) {
+  if (cache_) {
+    cache_->allocate_into(out);
+  } else {
+    alloc_.allocate_into(out);
+  }
+}
+
+void RequestSlots::drop_pages(std::span<const std::int32_t> pages) {
+  if (cache_) {
+    cache_->release(pages);
+  } else {
+    alloc_.release(pages);
+  }
+}
+
 std::int32_t RequestSlots::acquire() {
   GD_REQUIRE(!free_slots_.empty(), "max_slots", geometry_.max_slots,
              "all request slots are in use");
@@ -77,6 +99,12 @@ RequestSlots::ExtendPlan RequestSlots::plan_extend(std::int32_t slot,
   plan.evict = first_resident_after(slot, prefix_len) - s.first_resident;
   plan.add = need - held;
   plan.held_after = need - (s.first_resident + plan.evict);
+  plan.reclaim = plan.evict;
+  if (cache_ && plan.evict > 0) {
+    const std::size_t base = static_cast<std::size_t>(slot) * geometry_.max_pages_per_slot;
+    plan.reclaim = cache_->reclaimable(std::span<const std::int32_t>(
+        rows_.data() + base + s.first_resident, static_cast<std::size_t>(plan.evict)));
+  }
   return plan;
 }
 
@@ -96,10 +124,11 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
   SlotState& s = slots_[static_cast<std::size_t>(slot)];
   const std::int32_t evict = plan.evict, add = plan.add;
   out.require_room((evict > 0) + (add > 0), add);
-  // Evicted pages go back before the new ones are taken, so they count as free here.
-  GD_REQUIRE(add <= alloc_.free_pages() + evict, "pages_requested", add,
-             "KV pool exhausted: only " + std::to_string(alloc_.free_pages() + evict) + " of " +
-                 std::to_string(alloc_.capacity()) + " pages free");
+  // Evicted pages go back before the new ones are taken, so they count as free here (those no
+  // other request holds).
+  GD_REQUIRE(add <= available_pages() + plan.reclaim, "pages_requested", add,
+             "KV pool exhausted: only " + std::to_string(available_pages() + plan.reclaim) +
+                 " of " + std::to_string(alloc_.capacity()) + " pages free");
 
   // All checks passed: mutate. Page reuse is safe by stream order: the previous step's reads of
   // an evicted page finish before this step's writes to the same page id.
@@ -107,17 +136,46 @@ void RequestSlots::extend(std::int32_t slot, std::int32_t extend_len, TableComma
   const std::int32_t new_first = s.first_resident + evict;
   if (evict > 0) {
     auto gone = row_range(slot, s.first_resident, new_first);
-    alloc_.release(gone);
+    drop_pages(gone);
     std::fill(gone.begin(), gone.end(), kInvalidPage);
     out.push_clear(slot, s.first_resident, evict);
   }
   if (add > 0) {
     auto fresh = row_range(slot, held, held + add);
-    alloc_.allocate_into(fresh);
+    take_pages(fresh);
     out.push_set(slot, held, fresh);
   }
   s.tokens += extend_len;
   s.first_resident = new_first;
+}
+
+void RequestSlots::adopt(std::int32_t slot, std::int32_t tokens, std::int32_t first_page,
+                         std::span<const std::int32_t> pages, TableCommandBatch& out) {
+  require_active(slot, "adopt");
+  SlotState& s = slots_[static_cast<std::size_t>(slot)];
+  const std::int32_t P = geometry_.page_size;
+  GD_REQUIRE(cache_ != nullptr, "slot", slot, "adopt: the pool has no prefix cache");
+  GD_REQUIRE(geometry_.kind != AttentionKind::kCross, "kind", attention_kind_name(geometry_.kind),
+             "adopt: a cross pool shares no prefix");
+  GD_REQUIRE(s.tokens == 0, "slot", slot, "adopt: the request already holds tokens");
+  GD_REQUIRE(tokens >= 0 && tokens % P == 0 && tokens <= geometry_.max_tokens_per_slot(), "tokens",
+             tokens, "adopt: a whole number of pages within the slot capacity");
+  const std::int32_t n = tokens / P;
+  GD_REQUIRE(first_page >= 0 && first_page <= n, "first_page", first_page, "outside [0, pages]");
+  GD_REQUIRE(pages.size() == static_cast<std::size_t>(n - first_page), "pages", pages.size(),
+             "adopt: one page per logical page [first_page, tokens / page_size)");
+  for (const std::int32_t p : pages)
+    GD_REQUIRE(p > kReservedPage && p < alloc_.capacity() && cache_->is_cached(p), "page", p,
+               "adopt: not a cached page of this pool");
+  out.require_room(pages.empty() ? 0 : 1, static_cast<std::int32_t>(pages.size()));
+  for (const std::int32_t p : pages) cache_->retain(p);
+  if (!pages.empty()) {
+    auto dst = row_range(slot, first_page, n);
+    std::copy(pages.begin(), pages.end(), dst.begin());
+    out.push_set(slot, first_page, pages);
+  }
+  s.tokens = tokens;
+  s.first_resident = first_page;
 }
 
 void RequestSlots::truncate(std::int32_t slot, std::int32_t tokens, TableCommandBatch& out) {
@@ -144,7 +202,7 @@ void RequestSlots::truncate(std::int32_t slot, std::int32_t tokens, TableCommand
 
   if (drop > 0) {
     auto gone = row_range(slot, keep, held);
-    alloc_.release(gone);
+    drop_pages(gone);
     std::fill(gone.begin(), gone.end(), kInvalidPage);
     out.push_clear(slot, keep, drop);
   }
@@ -160,7 +218,7 @@ void RequestSlots::release(std::int32_t slot, TableCommandBatch& out) {
 
   if (n > 0) {
     auto gone = row_range(slot, s.first_resident, held);
-    alloc_.release(gone);
+    drop_pages(gone);
     std::fill(gone.begin(), gone.end(), kInvalidPage);
     out.push_clear(slot, s.first_resident, n);
   }

@@ -18,6 +18,7 @@
 
 #include "memory/page_allocator.h"
 #include "memory/pool_config.h"
+#include "memory/prefix_cache.h"
 #include "memory/table_commands.h"
 
 namespace graphdecode {
@@ -34,6 +35,12 @@ class RequestSlots {
   RequestSlots(const RequestSlots&) = delete;
   RequestSlots& operator=(const RequestSlots&) = delete;
 
+  // Routes every page this pool takes and returns through `cache` (reference counts, cached pages
+  // kept for later requests), which must wrap this pool's allocator and outlive this object.
+  // Only before any request holds a page.
+  void attach_cache(PrefixCache& cache);
+  const PrefixCache* cache() const noexcept { return cache_; }
+
   // A free request slot (never kPaddingSlot), with 0 tokens. Error "max_slots" when all are used.
   std::int32_t acquire();
 
@@ -44,6 +51,9 @@ class RequestSlots {
     std::int32_t evict = 0;       // pages returned (sliding window)
     std::int32_t add = 0;         // pages taken
     std::int32_t held_after = 0;  // pages held afterwards
+    // Of the evicted pages, those that become available to others (with a prefix cache, a page
+    // another request still holds does not).
+    std::int32_t reclaim = 0;
   };
   ExtendPlan plan_extend(std::int32_t slot, std::int32_t extend_len) const;
 
@@ -53,6 +63,13 @@ class RequestSlots {
   // Afterwards tokens(slot) = prefix_len + extend_len (the KV extent of the step).
   // A cross pool takes exactly one extend per request: its encoder length.
   void extend(std::int32_t slot, std::int32_t extend_len, TableCommandBatch& out);
+
+  // Prefix-cache hit: a fresh slot (0 tokens) starts with `tokens` (a whole number of pages)
+  // already in the cache, holding logical pages [first_page, tokens / page_size) = `pages`, each
+  // a published page of the attached cache, which gains one reference. Sliding pools pass
+  // first_page = the window's first page at `tokens` (the pages left of it are not needed).
+  void adopt(std::int32_t slot, std::int32_t tokens, std::int32_t first_page,
+             std::span<const std::int32_t> pages, TableCommandBatch& out);
 
   // Speculative rollback: keeps the first `tokens` tokens and returns the pages past them. Not for
   // a cross pool; in a sliding-window pool `tokens` may not reach back into evicted pages.
@@ -75,6 +92,10 @@ class RequestSlots {
   }
   const PoolGeometry& geometry() const noexcept { return geometry_; }
   const PageAllocator& allocator() const noexcept { return alloc_; }
+  // Pages an extend may take now: free pages, plus cached unreferenced pages with a cache.
+  std::int32_t available_pages() const noexcept {
+    return cache_ ? cache_->available() : alloc_.free_pages();
+  }
 
  private:
   struct SlotState {
@@ -87,8 +108,13 @@ class RequestSlots {
   std::int32_t first_resident_after(std::int32_t slot, std::int32_t prefix_len) const;
   std::span<std::int32_t> row_range(std::int32_t slot, std::int32_t first, std::int32_t end);
 
+  // Pages in and out: through the cache when one is attached, else the allocator.
+  void take_pages(std::span<std::int32_t> out);
+  void drop_pages(std::span<const std::int32_t> pages);
+
   PoolGeometry geometry_;
   PageAllocator& alloc_;
+  PrefixCache* cache_ = nullptr;
   std::vector<SlotState> slots_;          // [max_slots]
   std::vector<std::int32_t> rows_;        // [max_slots][max_pages_per_slot] host mirror
   std::vector<std::int32_t> free_slots_;  // stack of free slot ids, capacity max_slots

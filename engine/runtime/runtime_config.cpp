@@ -83,6 +83,14 @@ KvPoolConfig pool_config(const AttentionLayout& layout, const RuntimeOptions& o,
 
 namespace {
 
+// Prefix cache: page ids a step may spend on hits in a self pool, on top of its extends: four
+// hits of a whole context per step (more hits wait a step), so that the image, copied whole every
+// step, grows by a few hundred ids rather than by max_batch contexts.
+std::int32_t prefix_adopt_page_ids(const PoolGeometry& g, const RuntimeOptions& o) {
+  if (!o.prefix_cache || g.kind == AttentionKind::kCross) return 0;
+  return 4 * pages_for_tokens(o.max_kv_len, o.page_size);
+}
+
 // Per step: releases, truncates and extends of every slot (<= 2 commands each); page ids for the
 // step's new tokens (each request may start a page mid-way) or, for a cross pool, for a batch
 // of arrivals. Smaller than the pool's eager capacities so the one copy per step stays small.
@@ -97,7 +105,8 @@ StepPoolCapacity step_pool_capacity(const KvPoolConfig& pc, const RuntimeOptions
   const std::int64_t ids = g.kind == AttentionKind::kCross
                                ? static_cast<std::int64_t>(o.max_batch) * g.max_pages_per_slot
                                : o.max_tokens / o.page_size + 2 * o.max_batch + 2 * g.max_slots;
-  p.max_page_ids = static_cast<std::int32_t>(std::min<std::int64_t>(g.num_pages, ids));
+  p.max_page_ids = static_cast<std::int32_t>(std::min<std::int64_t>(g.num_pages, ids)) +
+                   prefix_adopt_page_ids(pc.geometry, o);
   return p;
 }
 
@@ -138,6 +147,8 @@ std::vector<LedgerPool> ledger_pools(const StepCapacity& cap, const RuntimeOptio
     l.max_page_ids = p.max_page_ids;
     l.group = p.model;
     l.max_step_tokens = o.resolved_max_new_tokens();
+    l.prefix_cache = o.prefix_cache;
+    l.adopt_page_ids = prefix_adopt_page_ids(p.geometry, o);
     pools.push_back(l);
   }
   return pools;

@@ -43,6 +43,7 @@ struct RuntimeOptions {
   std::int32_t sliding_pages = 0;  // sliding pools; 0: every slot at its window's peak
   std::int32_t cross_pages = 0;    // cross pools; 0: every slot at max_encoder_len
   bool deterministic = false;      // batch-invariant attention split-KV
+  bool prefix_cache = false;       // self-attention pools share cached prefix pages (the ledger's)
 
   void validate() const;  // Error names the bad field
   std::int32_t resolved_max_slots() const { return max_slots > 0 ? max_slots : 2 * max_batch + 1; }

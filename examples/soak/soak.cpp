@@ -343,14 +343,16 @@ void Soak::check_ledger() {
     std::vector<char>& seen = seen_[i];
     std::fill(seen.begin(), seen.end(), 0);
     std::int64_t distinct = 0;
-    for (const auto& [id, l] : live_) {
-      if (!l.admitted || l.slot < 0) continue;
-      const std::span<const std::int32_t> row = slots.row(l.slot);
-      const std::int32_t first = slots.first_resident_page(l.slot);
-      for (std::int32_t j = first; j < first + slots.pages_held(l.slot); ++j) {
+    // Every active slot, not only the planned requests': a request admitted on a prefix-cache hit
+    // holds its shared pages from admission on, before any step plans it.
+    for (std::int32_t slot = 1; slot < slots.geometry().max_slots; ++slot) {
+      if (!slots.is_active(slot)) continue;
+      const std::span<const std::int32_t> row = slots.row(slot);
+      const std::int32_t first = slots.first_resident_page(slot);
+      for (std::int32_t j = first; j < first + slots.pages_held(slot); ++j) {
         const std::int32_t page = row[static_cast<std::size_t>(j)];
         if (page <= 0 || page >= static_cast<std::int32_t>(seen.size())) {
-          fail("pool " + std::to_string(p) + ": request " + std::to_string(id) + " holds page " +
+          fail("pool " + std::to_string(p) + ": slot " + std::to_string(slot) + " holds page " +
                std::to_string(page));
           continue;
         }
@@ -404,6 +406,7 @@ void Soak::final_checks() {
          std::to_string(s.cancelled) + " tokens " + std::to_string(s.generated_tokens) +
          " != host counts");
   if (ended + rep_.refused != rep_.submitted) fail("requests neither ended nor refused");
+  rep_.prefix_hit_tokens = s.prefix_hit_tokens;
 }
 
 SoakReport Soak::run() {
@@ -482,7 +485,8 @@ std::string SoakReport::summary() const {
     << cancelled_from_callbacks << " from callbacks), refused " << refused
     << "; cancel of ended ids refused " << cancel_refusals << "; steps " << steps << " ("
     << waiting_steps << " with requests waiting), tokens " << tokens << ", page checks "
-    << page_checks << "; errors " << errors << "; " << seconds << " s";
+    << page_checks << ", prefix-cache hit tokens " << prefix_hit_tokens << "; errors " << errors
+    << "; " << seconds << " s";
   return s.str();
 }
 

@@ -41,7 +41,8 @@ struct SoakReport {
   std::int64_t refused = 0, finished_by_length = 0, finished_by_stop = 0, cancelled = 0;
   std::int64_t cancelled_from_callbacks = 0, cancel_refusals = 0;  // cancel of an ended id
   std::int64_t steps = 0, tokens = 0, waiting_steps = 0;           // steps with requests waiting
-  std::int64_t page_checks = 0;  // per-request and per-pool ledger comparisons
+  std::int64_t page_checks = 0;        // per-request and per-pool ledger comparisons
+  std::int64_t prefix_hit_tokens = 0;  // prompt tokens served from the prefix cache
   std::int64_t errors = 0;
   std::vector<std::string> first_errors;  // the first few, verbatim
   double seconds = 0;

@@ -88,6 +88,11 @@ class Stats:
     accepted_at: list[int]
     spec_steps: int  # speculative steps
     spec_phase_us: list[float]  # device us summed over them: prep, propose, verify, accept
+    prefix_lookup_tokens: int = 0  # prefix cache: prompt tokens looked up at admission
+    prefix_hit_tokens: int = 0  # of those, found cached (not prefilled)
+    prefix_cached_pages: int = 0  # pages cached now, held or not
+    prefix_unreferenced_pages: int = 0  # cached pages no request holds (evictable)
+    prefix_evictions: int = 0  # cached pages evicted for room
 
 
 TokenCallback = Callable[[TokenEvent], Any]
@@ -234,7 +239,8 @@ class Engine:
     prefill chunk budget), max_context (4096, prompt + generated tokens of one request),
     kv_pages / sliding_pages (0 = sized for max_batch requests of max_context), page_size (16),
     use_graphs (True: decode steps by CUDA-graph replay), deterministic (False: batch-invariant
-    attention when True), speculative (a ``Speculative``; with proposer "draft" pass ``draft``),
+    attention when True), prefix_cache (True: share cached prompt-prefix pages across requests,
+    docs/prefix_cache.md), speculative (a ``Speculative``; with proposer "draft" pass ``draft``),
     max_encoder_len (cross-attention models: the longest encoder_states a request may carry,
     required for them) and cross_pages (0 = max_batch requests at max_encoder_len).
 

@@ -262,6 +262,8 @@ EngineConfig engine_config(nb::dict options) {
       c.use_graphs = to_bool(value, k);
     } else if (k == "deterministic") {
       c.deterministic = to_bool(value, k);
+    } else if (k == "prefix_cache") {
+      c.prefix_cache = to_bool(value, k);
     } else if (k == "speculative.max_draft_tokens") {
       c.speculative.max_draft_tokens = to_i32(value, k);
     } else if (k == "speculative.proposer") {

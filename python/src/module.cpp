@@ -155,6 +155,11 @@ class PyEngine {
     d["accepted_at"] = s.accepted_at;
     d["spec_steps"] = s.spec_steps;
     d["spec_phase_us"] = std::vector<double>(s.spec_phase_us.begin(), s.spec_phase_us.end());
+    d["prefix_lookup_tokens"] = s.prefix_lookup_tokens;
+    d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+    d["prefix_cached_pages"] = s.prefix_cached_pages;
+    d["prefix_unreferenced_pages"] = s.prefix_unreferenced_pages;
+    d["prefix_evictions"] = s.prefix_evictions;
     return d;
   }
 

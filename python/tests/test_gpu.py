@@ -140,6 +140,22 @@ def test_stats_count_what_happened(weights):
     assert s.graph_steps >= 7 and s.decode_p50_us > 0 and s.tokens_per_s > 0
 
 
+def test_prefix_cache_hits_and_keeps_greedy_tokens(weights):
+    # The second wave shares the first request's prompt pages: a hit with the cache on, none off.
+    first, wave = prompt(40), [prompt(40) + [3, 4], prompt(57), prompt(33, 9)]
+    out = {}
+    for cache in (False, True):
+        with gd.Engine(weights, prefix_cache=cache, **OPTS) as e:
+            out[cache] = e.generate([first], max_new_tokens=6) + e.generate(wave, max_new_tokens=6)
+            s = e.stats()
+        if cache:
+            assert s.prefix_hit_tokens == 32 + 32 and s.prefix_lookup_tokens == 40 + 42 + 57 + 33
+            assert s.prefix_cached_pages > 0 and s.prompt_tokens == 40 + 42 + 57 + 33 - 64
+        else:
+            assert s.prefix_hit_tokens == 0 and s.prompt_tokens == 40 + 42 + 57 + 33
+    assert out[True] == out[False]
+
+
 def test_torch_tensors_cross_by_dlpack(engine):
     torch = pytest.importorskip("torch")
     ids = torch.tensor(prompt(10), dtype=torch.int64)

@@ -1,0 +1,400 @@
+// The prefix cache in the engine, on the device: the same outputs with the cache on and off.
+//   * Requests sharing prefixes of lengths around page and window boundaries (P - 1, P, P + 1,
+//     3P + 5, past the window), on models with full, sliding (window_left 0, P - 1, P, 3P + 5)
+//     and mixed layers, hit while their owner still runs and after it finished: greedy tokens
+//     equal to the cache-off engine's (a divergence only at a near-tie, which the float64
+//     reference bounds), every token confirmed by the reference.
+//   * Deterministic mode: a hit's logits are bitwise the cache-off engine's (the same step shapes:
+//     the owner's prefill chunk is exactly the hit, the hit request runs alone).
+//   * A pool under pressure: every request finishes (they wait, none fails), cached pages are
+//     evicted, and every page is available again at the end.
+//   * Speculative decoding: the draft model's pages are part of a hit (both models' pools are
+//     matched); prompt lookup turns the cache off; tokens equal the plain cache-off engine's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_check.h"  // base_seed / test_rng / seed_note / sanitize_mode
+#include "common/cuda_check.h"
+#include "engine/engine.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
+#include "llama_reference.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode {
+namespace {
+
+class PrefixCacheGpu : public testing::GpuTest {};
+
+constexpr std::int32_t kPage = 16;
+
+std::vector<std::int32_t> random_tokens(testing::Rng& rng, std::int32_t len, std::int32_t vocab) {
+  std::vector<std::int32_t> p(static_cast<std::size_t>(len));
+  for (auto& t : p) t = std::uniform_int_distribution<std::int32_t>(0, vocab - 1)(rng);
+  return p;
+}
+
+std::vector<std::int32_t> cat(std::vector<std::int32_t> a, const std::vector<std::int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Every generated token against the float64 reference (teacher forcing on the engine's own
+// tokens): within tol of the reference maximum, and exactly the argmax wherever the reference's
+// top-2 gap exceeds tol. (The same rule as test_engine_gpu.cu.)
+void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
+                             const std::vector<std::int32_t>& generated, const std::string& what) {
+  ASSERT_FALSE(generated.empty()) << what;
+  std::vector<std::int32_t> seq = prompt;
+  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
+  const auto ref = testing::reference_logits(w, seq, prompt.size() - 1);
+  ASSERT_EQ(ref.size(), generated.size()) << what;
+  for (std::size_t i = 0; i < generated.size(); ++i) {
+    const std::vector<double>& l = ref[i];
+    double scale = 0;
+    for (double v : l) scale = std::max(scale, std::abs(v));
+    const double tol = 0.03 * scale;
+    const auto best = static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    double second = -1e300;
+    for (std::size_t j = 0; j < l.size(); ++j)
+      if (static_cast<std::int32_t>(j) != best) second = std::max(second, l[j]);
+    const double got = l[static_cast<std::size_t>(generated[i])];
+    EXPECT_GE(got, l[static_cast<std::size_t>(best)] - tol) << what << " token " << i;
+    if (l[static_cast<std::size_t>(best)] - second > tol)
+      EXPECT_EQ(generated[i], best) << what << " token " << i << " (clear reference argmax)";
+  }
+}
+
+// What a served request produced: its tokens and (when asked) the logits row of every sampled
+// position, read after each step from the model's logits (plain decoding: row i = request i).
+struct Served {
+  std::map<RequestId, std::vector<std::int32_t>> tokens;
+  std::map<RequestId, std::vector<std::vector<float>>> logits;
+  std::map<RequestId, int> finished;
+};
+
+class Server {
+ public:
+  Server(Engine& e, bool keep_logits) : e_(e), keep_logits_(keep_logits) {}
+  RequestId submit(RequestSpec s) {
+    return e_.submit(std::move(s), [this](const TokenEvent& ev) {
+      EXPECT_EQ(out.finished[ev.id], 0) << "token after the finish of request " << ev.id;
+      out.tokens[ev.id].push_back(ev.token);
+      if (ev.finished) ++out.finished[ev.id];
+    });
+  }
+  bool step() {
+    if (!e_.step()) return false;
+    if (!keep_logits_) return true;
+    const StepPlan& plan = e_.last_plan();
+    const auto vocab = static_cast<std::size_t>(e_.model().config().vocab_size);
+    for (std::size_t i = 0; i < plan.requests.size(); ++i) {
+      if (!plan.requests[i].samples) continue;
+      std::vector<float> row(vocab);
+      GD_CUDA(cudaMemcpy(row.data(), e_.model().logits() + i * vocab, vocab * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+      out.logits[plan.requests[i].id].push_back(std::move(row));
+    }
+    return true;
+  }
+  void run() {
+    while (step()) {
+    }
+  }
+  Served out;
+
+ private:
+  Engine& e_;
+  bool keep_logits_;
+};
+
+enum class Layers { kFull, kSliding, kMixed };
+
+ModelConfig model(Layers layers, std::int32_t window_left) {
+  ModelConfig c = small_test_config();  // mixed: full and sliding (window 32) layers
+  for (std::size_t i = 0; i < c.layers.size(); ++i) {
+    if (layers == Layers::kFull) c.layers[i] = LayerAttention{};
+    if (layers == Layers::kSliding || (layers == Layers::kMixed && i % 2 == 1))
+      c.layers[i] = {AttentionKind::kSliding, window_left};
+  }
+  c.validate();
+  return c;
+}
+
+struct Case {
+  Layers layers;
+  std::int32_t window_left;
+  const char* name;
+};
+
+class PrefixCacheOnOff : public PrefixCacheGpu, public ::testing::WithParamInterface<Case> {};
+
+// One workload: a stem, an owner of the whole stem, then requests sharing prefixes of the stem of
+// lengths around page and window boundaries, some while the owner still runs, some after.
+TEST_P(PrefixCacheOnOff, GreedyTokensEqualTheCacheOffEngine) {
+  SCOPED_TRACE(testing::seed_note());
+  const Case c = GetParam();
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = model(c.layers, c.window_left);
+  const HostWeights w = synthetic_weights(config, rng());
+  const std::vector<std::int32_t> stem = random_tokens(rng, 96, config.vocab_size);
+  const std::int32_t wl = std::max(c.window_left, 0);
+  std::vector<std::int32_t> lengths = {kPage - 1,     kPage,  kPage + 1,  2 * kPage,
+                                       3 * kPage + 5, wl + 1, wl + kPage, 96};
+  std::vector<RequestSpec> early, late;
+  RequestSpec owner;
+  owner.prompt = cat(stem, random_tokens(rng, 7, config.vocab_size));
+  owner.max_new_tokens = 24;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const std::int32_t len = std::min<std::int32_t>(lengths[i], 96);
+    RequestSpec s;
+    s.prompt = std::vector<std::int32_t>(stem.begin(), stem.begin() + len);
+    s.prompt = cat(
+        s.prompt, random_tokens(rng, 1 + static_cast<std::int32_t>(rng() % 20), config.vocab_size));
+    s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 12);
+    (i % 2 == 0 ? early : late).push_back(s);
+  }
+  // The very same prompt as the owner's: a hit of all its full pages but the last token's.
+  late.push_back(owner);
+
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 48;
+  ec.max_context = 160;
+  const auto serve = [&](bool cache) {
+    EngineConfig e = ec;
+    e.prefix_cache = cache;
+    Engine engine(w, e);
+    Server s(engine, false);
+    std::vector<RequestId> ids;
+    ids.push_back(s.submit(owner));
+    // Run the owner into decoding, then submit the early requests while it still runs.
+    for (int i = 0; i < 4; ++i) s.step();
+    EXPECT_FALSE(engine.idle());
+    for (const RequestSpec& r : early) ids.push_back(s.submit(r));
+    s.run();
+    for (const RequestSpec& r : late) ids.push_back(s.submit(r));  // after the owner finished
+    s.run();
+    std::vector<std::vector<std::int32_t>> tokens;
+    for (const RequestId id : ids) {
+      EXPECT_EQ(s.out.finished[id], 1) << "request " << id;
+      tokens.push_back(s.out.tokens[id]);
+    }
+    const EngineStats st = engine.stats();
+    if (cache) {
+      EXPECT_GT(st.prefix_hit_tokens, 0);
+      EXPECT_GT(st.prefix_cached_pages, 0);
+    } else {
+      EXPECT_EQ(st.prefix_hit_tokens, 0);
+    }
+    for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
+      EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
+    std::printf(
+        "[ %s cache %s ] %lld of %lld prompt tokens hit, %lld prefilled, %lld pages cached\n",
+        c.name, cache ? "on " : "off", static_cast<long long>(st.prefix_hit_tokens),
+        static_cast<long long>(st.prefix_lookup_tokens), static_cast<long long>(st.prompt_tokens),
+        static_cast<long long>(st.prefix_cached_pages));
+    return tokens;
+  };
+  const auto off = serve(false);
+  const auto on = serve(true);
+  std::vector<RequestSpec> all = {owner};
+  all.insert(all.end(), early.begin(), early.end());
+  all.insert(all.end(), late.begin(), late.end());
+  ASSERT_EQ(on.size(), all.size());
+  int differ = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    differ += on[i] != off[i];
+    expect_greedy_confirmed(w, all[i].prompt, on[i], "request " + std::to_string(i));
+  }
+  EXPECT_LE(differ, 1) << "divergences beyond a rare near-tie";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, PrefixCacheOnOff,
+                         ::testing::Values(Case{Layers::kFull, -1, "full"},
+                                           Case{Layers::kMixed, 31, "mixed_w31"},
+                                           Case{Layers::kSliding, 0, "sliding_w0"},
+                                           Case{Layers::kSliding, kPage - 1, "sliding_wPm1"},
+                                           Case{Layers::kSliding, kPage, "sliding_wP"},
+                                           Case{Layers::kSliding, 3 * kPage + 5, "sliding_w3Pp5"},
+                                           Case{Layers::kMixed, 3 * kPage + 5, "mixed_w3Pp5"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Deterministic mode: the hit request's logits, at every position it samples, are bitwise the
+// cache-off engine's. The step shapes are made equal: the owner's first prefill chunk is exactly
+// the shared prefix (max_step_tokens = the hit), and the second request runs alone, so with the
+// cache off it prefills the same prefix in the same chunk shape and then its own suffix on top of
+// it, as the cache-on engine does on the owner's pages.
+TEST_F(PrefixCacheGpu, DeterministicLogitsAreBitwiseTheCacheOffEngines) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  for (const Layers layers : {Layers::kFull, Layers::kMixed, Layers::kSliding}) {
+    const ModelConfig config = model(layers, 3 * kPage + 5);
+    const HostWeights w = synthetic_weights(config, rng());
+    const std::int32_t shared = 4 * kPage;
+    const std::vector<std::int32_t> stem = random_tokens(rng, shared, config.vocab_size);
+    RequestSpec a, b;
+    a.prompt = cat(stem, random_tokens(rng, 9, config.vocab_size));
+    a.max_new_tokens = 6;
+    b.prompt = cat(stem, random_tokens(rng, 11, config.vocab_size));
+    b.max_new_tokens = 12;
+    std::vector<std::vector<float>> rows[2];
+    std::vector<std::int32_t> tokens[2];
+    for (const bool cache : {false, true}) {
+      EngineConfig ec;
+      ec.max_batch = 2;
+      ec.max_step_tokens = shared;
+      ec.max_context = 128;
+      ec.deterministic = true;
+      ec.prefix_cache = cache;
+      Engine engine(w, ec);
+      Server s(engine, true);
+      s.submit(a);
+      s.run();
+      const RequestId id = s.submit(b);
+      s.run();
+      EXPECT_EQ(engine.stats().prefix_hit_tokens, cache ? shared : 0);
+      rows[cache] = s.out.logits[id];
+      tokens[cache] = s.out.tokens[id];
+    }
+    ASSERT_EQ(rows[0].size(), rows[1].size());
+    EXPECT_EQ(tokens[0], tokens[1]);
+    for (std::size_t i = 0; i < rows[0].size(); ++i)
+      EXPECT_EQ(
+          std::memcmp(rows[0][i].data(), rows[1][i].data(), rows[0][i].size() * sizeof(float)), 0)
+          << "logits of sampled position " << i << " differ (layers " << static_cast<int>(layers)
+          << ")";
+  }
+}
+
+// A pool too small for the workload: requests wait (none fails), cached pages are evicted to make
+// room (only unreferenced ones: the running requests' outputs stay right), every page is available
+// again at the end, and the tokens are the cache-off engine's.
+TEST_F(PrefixCacheGpu, PoolUnderPressureEvictsAndRequestsWait) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  std::vector<std::vector<std::int32_t>> stems;
+  for (int i = 0; i < 3; ++i) stems.push_back(random_tokens(rng, 48, config.vocab_size));
+  std::vector<RequestSpec> specs;
+  const int n = testing::sanitize_mode() ? 6 : 18;
+  for (int i = 0; i < n; ++i) {
+    RequestSpec s;
+    s.prompt =
+        cat(stems[static_cast<std::size_t>(i % 3)],
+            random_tokens(rng, 8 + static_cast<std::int32_t>(rng() % 24), config.vocab_size));
+    s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 8);
+    specs.push_back(s);
+  }
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 64;
+  ec.max_context = 96;
+  ec.kv_pages = 14;  // two requests at a time (up to 6 pages each)
+  ec.sliding_pages = 14;
+  std::vector<std::vector<std::int32_t>> out[2];
+  for (const bool cache : {false, true}) {
+    EngineConfig e = ec;
+    e.prefix_cache = cache;
+    Engine engine(w, e);
+    Server s(engine, false);
+    std::vector<RequestId> ids;
+    for (const RequestSpec& r : specs) ids.push_back(s.submit(r));
+    std::int32_t most_waiting = 0;
+    while (s.step()) most_waiting = std::max(most_waiting, engine.waiting());
+    EXPECT_GT(most_waiting, 0);
+    for (const RequestId id : ids) {
+      EXPECT_EQ(s.out.finished[id], 1) << "request " << id;
+      out[cache].push_back(s.out.tokens[id]);
+    }
+    const EngineStats st = engine.stats();
+    if (cache) {
+      EXPECT_GT(st.prefix_evictions, 0) << "the pool should have been under pressure";
+      EXPECT_GT(st.prefix_hit_tokens, 0);
+    }
+    for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
+      EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
+  }
+  int differ = 0;
+  for (int i = 0; i < n; ++i) {
+    differ += out[0][static_cast<std::size_t>(i)] != out[1][static_cast<std::size_t>(i)];
+    expect_greedy_confirmed(w, specs[static_cast<std::size_t>(i)].prompt,
+                            out[1][static_cast<std::size_t>(i)], "request " + std::to_string(i));
+  }
+  EXPECT_LE(differ, 1);
+}
+
+// Speculative decoding with a draft model: a hit covers the draft's pages too (both models' pools
+// are matched, and both prefill the uncached suffix). Prompt lookup serves without the cache (its
+// device token history is written from the step's token rows, which a hit would skip). The
+// greedy tokens are the plain cache-off engine's.
+TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  const std::vector<std::int32_t> stem = random_tokens(rng, 70, config.vocab_size);
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < 8; ++i) {
+    RequestSpec s;
+    s.prompt = cat(std::vector<std::int32_t>(stem.begin(), stem.begin() + 20 + 7 * i),
+                   random_tokens(rng, 1 + i, config.vocab_size));
+    s.max_new_tokens = 16;
+    specs.push_back(s);
+  }
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 48;
+  ec.max_context = 128;
+  const auto serve = [&](const EngineConfig& e, const HostWeights* draft) {
+    Engine engine(w, e, draft);
+    Server s(engine, false);
+    std::vector<RequestId> ids;
+    ids.push_back(s.submit(specs[0]));
+    s.run();  // the first request's pages are cached
+    for (std::size_t i = 1; i < specs.size(); ++i) ids.push_back(s.submit(specs[i]));
+    s.run();
+    std::vector<std::vector<std::int32_t>> out;
+    for (const RequestId id : ids) out.push_back(s.out.tokens[id]);
+    // Prompt lookup turns the cache off (its device token history would miss a hit's positions).
+    const bool lookup = e.speculative.max_draft_tokens > 0 && draft == nullptr;
+    if (e.prefix_cache && !lookup) EXPECT_GT(engine.stats().prefix_hit_tokens, 0);
+    if (lookup) EXPECT_EQ(engine.stats().prefix_hit_tokens, 0);
+    // With a draft model its pools cache pages too (a hit is matched in every pool).
+    for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p) {
+      const PrefixCache* c = engine.ledger().prefix_cache(p);
+      if (draft && engine.ledger().config(p).group == 1) {
+        EXPECT_NE(c, nullptr) << "draft pool " << p;
+        if (c) EXPECT_GT(c->stats().published, 0) << "draft pool " << p;
+      }
+    }
+    return out;
+  };
+  EngineConfig plain = ec;
+  plain.prefix_cache = false;
+  const auto want = serve(plain, nullptr);
+  for (const bool lookup : {false, true}) {
+    EngineConfig sc = ec;
+    sc.speculative.max_draft_tokens = 4;
+    if (lookup) sc.speculative.proposer = SpecProposer::kNgram;
+    const auto got = serve(sc, lookup ? nullptr : &w);
+    int differ = 0;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      differ += got[i] != want[i];
+      expect_greedy_confirmed(w, specs[i].prompt, got[i],
+                              (lookup ? "lookup request " : "draft request ") + std::to_string(i));
+    }
+    EXPECT_LE(differ, 1);
+  }
+}
+
+}  // namespace
+}  // namespace graphdecode
