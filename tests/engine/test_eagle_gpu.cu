@@ -509,6 +509,7 @@ TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
     for (int i = 0; i < len; ++i) s.prompt.push_back(static_cast<std::int32_t>(rng() % 512));
     s.max_new_tokens = std::uniform_int_distribution<int>(1, 60)(rng);
     if (r == 2) s.speculate = false;
+    if (r % 4 == 3) s.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 7u + r};
     specs.push_back(s);
   }
   const auto serve = [&](Engine& engine) {
@@ -530,15 +531,27 @@ TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
   sc.speculative.proposer = SpecProposer::kEagle;
   Engine engine(target, sc, nullptr, &head);
   const auto got = serve(engine);
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const RequestSpec& s : specs) prompts.push_back(s.prompt);
-  const int near_ties = compare_with_plain(target, prompts, got, want, "engine");
+  // Greedy requests against plain decoding; sampled ones (the same acceptance code as a draft
+  // model's, its distributions from the head's logits) run to their length with valid tokens.
+  std::vector<std::vector<std::int32_t>> prompts, greedy_got, greedy_want;
+  for (std::size_t r = 0; r < specs.size(); ++r) {
+    const RequestSpec& s = specs[r];
+    if (s.sampling.temperature > 0) {
+      EXPECT_EQ(static_cast<std::int32_t>(got[r].size()), s.max_new_tokens) << "request " << r;
+      for (std::int32_t t : got[r]) EXPECT_TRUE(t >= 0 && t < config.vocab_size) << t;
+      continue;
+    }
+    prompts.push_back(s.prompt);
+    greedy_got.push_back(got[r]);
+    greedy_want.push_back(want[r]);
+  }
+  const int near_ties = compare_with_plain(target, prompts, greedy_got, greedy_want, "engine");
   EXPECT_LE(near_ties, 1);
   const EngineStats st = engine.stats();
   std::printf("[ engine eagle ] %lld decode steps, %lld of %lld drafts accepted, %.2f tokens/row\n",
               static_cast<long long>(st.decode_steps), static_cast<long long>(st.accepted_tokens),
               static_cast<long long>(st.drafted_tokens), st.tokens_per_spec_row());
-  EXPECT_GT(st.accepted_tokens, st.drafted_tokens / 2);
+  EXPECT_GT(st.accepted_tokens, st.drafted_tokens / 4);  // greedy rows accept nearly all
   for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
     EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
 }
