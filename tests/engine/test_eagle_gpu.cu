@@ -312,6 +312,10 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
   const auto hidden = run.download(run.target->hidden_states(), rows * H);
   const auto carry =
       run.download(run.proposer->carry(), static_cast<std::size_t>(run.cap.max_slots) * stride * H);
+  // The captured states are what lm_head reads: the prefill's logits (each prompt's last row)
+  // are lm_head times its state, up to fp32 accumulation.
+  const auto logits = run.download(run.target->logits(), prompts.size() * V);
+  const HostTensor& lm = target.at("lm_head.weight");
   std::vector<std::vector<std::vector<double>>> states(prompts.size());
   for (std::size_t r = 0, off = 0; r < prompts.size(); off += prompts[r].size(), ++r) {
     for (std::size_t j = 0; j < prompts[r].size(); ++j) {
@@ -320,6 +324,16 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
       states[r].push_back(h);
     }
     const std::size_t last = off + prompts[r].size() - 1;
+    double scale = 0, err = 0;
+    for (std::size_t t = 0; t < V; ++t) {
+      double dot = 0;
+      for (std::size_t i = 0; i < H; ++i)
+        dot += bf16(lm.data[t * H + i]) * bf16(hidden[last * H + i]);
+      scale = std::max(scale, std::abs(dot));
+      err = std::max(err, std::abs(dot - logits[r * V + t]));
+    }
+    EXPECT_LE(err, 1e-4 * scale + 1e-5) << "request " << r << ": the logits are not lm_head of "
+                                        << "the captured state";
     const std::size_t slot = static_cast<std::size_t>(req[r].slot);
     EXPECT_TRUE(std::equal(hidden.begin() + static_cast<std::ptrdiff_t>(last * H),
                            hidden.begin() + static_cast<std::ptrdiff_t>((last + 1) * H),
