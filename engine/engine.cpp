@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <span>
 #include <string>
 
@@ -130,6 +131,7 @@ Engine::~Engine() {
 }
 
 RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
+  require_healthy();
   const EncoderStates& enc = spec.encoder;
   if (enc.on_device && enc.length > 0 && enc.data != nullptr) {
     // Read at admission by the device: a host pointer here would fault there, not here.
@@ -146,7 +148,13 @@ RequestId Engine::submit(RequestSpec spec, TokenCallback on_token) {
   return id;
 }
 
+void Engine::require_healthy() const {
+  GD_REQUIRE(failure_.empty(), "engine", failure_,
+             "an earlier step failed: the engine serves no further steps (destroy it)");
+}
+
 bool Engine::step() {
+  require_healthy();
   const auto t0 = std::chrono::steady_clock::now();
   const NvtxRange step_range("graphdecode.step", NvtxColor::kStep);
   {
@@ -154,7 +162,19 @@ bool Engine::step() {
     scheduler_->next_step(plan_);
   }
   if (plan_.empty()) return false;
-  runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+  try {
+    runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+  } catch (const std::exception& e) {
+    // A failure past validation (a CUDA error, a device-side flag) leaves the step half done:
+    // pages extended, the device's tables and tokens unknown. Serving on would serve garbage.
+    const std::string step = std::to_string(stats_.steps + 1) + " (" +
+                             (plan_.kind == StepKind::kDecode ? "decode" : "prefill") + ", " +
+                             std::to_string(plan_.requests.size()) + " requests)";
+    failure_ = "step " + step + ": " + e.what();
+    throw Error("the step failed; the engine serves no further steps (destroy it): " +
+                    std::string(e.what()),
+                "Engine::step", "step", step);
+  }
   // The runner projected the admitted requests' encoder states: their host copies can go.
   for (const RequestId id : plan_.admitted) scheduler_->drop_encoder_states(id);
   const NvtxRange deliver_range("graphdecode.deliver", NvtxColor::kHost,
@@ -164,23 +184,32 @@ bool Engine::step() {
   scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);
   runner_->retire(events_);
   in_callbacks_ = true;
-  try {
-    for (const TokenEvent& e : events_) {
-      // A request cancelled by an earlier callback of this step gets no more tokens.
-      const auto cancelled = [&e](const TokenEvent& c) { return c.id == e.id; };
-      if (std::none_of(cancel_events_.begin(), cancel_events_.end(), cancelled)) deliver(e);
+  delivered_ = 0;
+  // A callback that throws stops neither the step's other events nor the cancellations: the
+  // first exception is rethrown once every event was delivered and the step recorded.
+  std::exception_ptr first_error;
+  const auto deliver_safely = [&](const TokenEvent& e) {
+    try {
+      deliver(e);
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
     }
-    // Then the cancellations those callbacks made (more may be added while delivering).
-    for (std::size_t i = 0; i < cancel_events_.size(); ++i) deliver(cancel_events_[i]);
-  } catch (...) {
-    in_callbacks_ = false;
-    cancel_events_.clear();
-    throw;
+  };
+  for (const TokenEvent& e : events_) {
+    // A request cancelled by an earlier callback of this step gets no more tokens.
+    const auto cancelled = [&e](const TokenEvent& c) { return c.id == e.id; };
+    if (std::none_of(cancel_events_.begin(), cancel_events_.end(), cancelled)) {
+      ++delivered_;
+      deliver_safely(e);
+    }
   }
+  // Then the cancellations those callbacks made (more may be added while delivering).
+  for (std::size_t i = 0; i < cancel_events_.size(); ++i) deliver_safely(cancel_events_[i]);
   in_callbacks_ = false;
   cancel_events_.clear();
   record(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
          result_);
+  if (first_error) std::rethrow_exception(first_error);
   return true;
 }
 
@@ -231,7 +260,8 @@ void Engine::record(double us, const StepResult& r) {
     ++stats_.prefill_steps;
     for (const PlannedRequest& p : plan_.requests) stats_.prompt_tokens += p.extend_len;
   }
-  stats_.generated_tokens += static_cast<std::int64_t>(events_.size());
+  // Tokens a callback's cancel() suppressed later in the step were never delivered.
+  stats_.generated_tokens += delivered_;
   for (const TokenEvent& e : events_) stats_.finished += e.finished ? 1 : 0;
   stats_.busy_s += us * 1e-6;
 }

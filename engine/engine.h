@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -123,19 +124,25 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Queues a request; `on_token` is called from step() for each generated token (the last one
-  // with finished = true). Throws Error (changing nothing) on bad input.
+  // with finished = true). Throws Error (changing nothing) on bad input. A callback that throws
+  // does not stop the step's other events: step() rethrows its exception after delivering them.
   RequestId submit(RequestSpec spec, TokenCallback on_token = {});
   // Cancels a waiting or running request; safe to call from any token callback. The request
   // leaves the queue or the batch at once (its slot and pages go back, its tokens stop); its
   // callback gets a final event (finished, cancelled, token kNoToken): at once when called
   // outside step(), after the step's other callbacks when called from one. Throws Error
-  // ("request") for an id that is unknown or already finished, changing nothing.
+  // ("request") for an id that is unknown or already finished, changing nothing; a request whose
+  // last token came out of the current step is finished (its final event is still delivered).
   void cancel(RequestId id);
-  // Runs one step. Returns false when there was nothing to do.
+  // Runs one step. Returns false when there was nothing to do. A failure inside the step (a CUDA
+  // error, a device-side check) throws Error naming the step ("step": its number, kind, size);
+  // the engine is then failed: every later step() and submit() throws Error ("engine"), and the
+  // only thing left to do is to destroy it, which releases everything without throwing.
   bool step();
   void run_until_idle();
 
   bool idle() const noexcept { return scheduler_->idle(); }
+  bool failed() const noexcept { return !failure_.empty(); }
   std::int32_t waiting() const noexcept { return scheduler_->waiting(); }
   std::int32_t running() const noexcept { return scheduler_->running(); }
   EngineStats stats() const;
@@ -150,6 +157,7 @@ class Engine {
   const StepPlan& last_plan() const noexcept { return plan_; }
 
  private:
+  void require_healthy() const;
   void record(double us, const StepResult& result);
   void deliver(const TokenEvent& e);
 
@@ -164,8 +172,10 @@ class Engine {
   StepResult result_;
   std::vector<TokenEvent> events_;
   bool in_callbacks_ = false;              // step() is delivering events_
+  std::int64_t delivered_ = 0;             // token events of this step that were delivered
   std::vector<TokenEvent> cancel_events_;  // cancellations made from a callback, delivered next
 
+  std::string failure_;  // what failed the engine (empty: healthy)
   EngineStats stats_;
   std::vector<double> decode_us_;  // ring of kLatencyWindow
   std::size_t decode_next_ = 0;

@@ -103,7 +103,7 @@ class Request:
     """
 
     __slots__ = ("id", "prompt_len", "tokens", "finished", "cancelled", "_engine", "_on_token",
-                 "_read")
+                 "_read", "_encoder_states")
 
     def __init__(self, engine: Engine, request_id: int, prompt_len: int,
                  on_token: Optional[TokenCallback]) -> None:
@@ -115,6 +115,7 @@ class Request:
         self._engine = engine
         self._on_token = on_token
         self._read = 0  # tokens handed out by iteration
+        self._encoder_states: Any = None  # a device array the engine reads at admission
 
     def __iter__(self) -> Iterator[int]:
         while True:
@@ -148,13 +149,16 @@ def _model_config(model: Union[str, os.PathLike, Mapping, ModelConfig]) -> Model
     name = os.fspath(model)
     if name == "small":
         return ModelConfig.small_test()
+    if name == "small-cross":
+        return ModelConfig.small_cross_test()
     if name in ("1b", "llama-1b"):
         return ModelConfig.llama_1b()
     if os.path.isdir(name):
         name = os.path.join(name, "config.json")
     if os.path.isfile(name):
         return ModelConfig.from_file(name)
-    raise Error("must be \"small\", \"1b\", a ModelConfig, a config dict, or a config.json path",
+    raise Error("must be \"small\", \"small-cross\", \"1b\", a ModelConfig, a config dict, or a "
+                "config.json path",
                 field="model", value=repr(model))
 
 
@@ -197,18 +201,22 @@ def check_request(model: Union[ModelConfig, Weights, str, Mapping], prompt: Iter
                   stop_tokens: Iterable[int] = (), sampling: Optional[Sampling] = None,
                   temperature: Optional[float] = None, top_k: Optional[int] = None,
                   top_p: Optional[float] = None, seed: Optional[int] = None,
-                  speculate: bool = True) -> None:
+                  speculate: bool = True, encoder_states: Any = None,
+                  max_encoder_len: int = 0) -> None:
     """Checks a request as ``Engine.submit`` would, on the host, without a device or an engine.
 
     Applies the same argument conversions and the scheduler's rules (non-empty prompt, ids in the
     vocabulary, max_new_tokens >= 1, prompt + max_new_tokens <= max_context, sampling ranges).
-    Whether the KV pool of a real engine can hold it is checked by ``Engine.submit``. Raises
-    ``graphdecode.Error`` naming the field.
+    Whether the KV pool of a real engine can hold it is checked by ``Engine.submit``. Encoder
+    states (cross-attention models, with the engine's max_encoder_len): type, shape and length as
+    ``Engine.submit`` checks them. Raises ``graphdecode.Error`` naming the field.
     """
     config = model.config if isinstance(model, Weights) else _model_config(model)
     _core.check_request(config.vocab_size, int(max_context), prompt, max_new_tokens, stop_tokens,
                         _sampling_dict(sampling, dict(temperature=temperature, top_k=top_k,
-                                                      top_p=top_p, seed=seed)), speculate)
+                                                      top_p=top_p, seed=seed)), speculate,
+                        encoder_states, int(max_encoder_len) if config.num_cross_layers else 0,
+                        config.hidden_size, config.extra_input_tokens)
 
 
 def check_engine_options(speculative: Union[Speculative, Mapping, None] = None,
@@ -226,7 +234,9 @@ class Engine:
     prefill chunk budget), max_context (4096, prompt + generated tokens of one request),
     kv_pages / sliding_pages (0 = sized for max_batch requests of max_context), page_size (16),
     use_graphs (True: decode steps by CUDA-graph replay), deterministic (False: batch-invariant
-    attention when True), speculative (a ``Speculative``; with proposer "draft" pass ``draft``).
+    attention when True), speculative (a ``Speculative``; with proposer "draft" pass ``draft``),
+    max_encoder_len (cross-attention models: the longest encoder_states a request may carry,
+    required for them) and cross_pages (0 = max_batch requests at max_encoder_len).
 
     Construction uploads the weights, allocates every buffer and captures the decode graphs.
     Bad options raise ``graphdecode.Error`` naming the field; so does ``submit`` for a bad
@@ -262,7 +272,8 @@ class Engine:
                stop_tokens: Iterable[int] = (), sampling: Optional[Sampling] = None,
                temperature: Optional[float] = None, top_k: Optional[int] = None,
                top_p: Optional[float] = None, seed: Optional[int] = None,
-               speculate: bool = True, on_token: Optional[TokenCallback] = None) -> Request:
+               speculate: bool = True, encoder_states: Any = None,
+               on_token: Optional[TokenCallback] = None) -> Request:
         """Queues a request and returns its handle (iterate it for its tokens).
 
         prompt: token ids (a list, or a 1-D integer array on the host: numpy, a CPU torch
@@ -270,6 +281,12 @@ class Engine:
         Sampling: a ``Sampling`` and/or temperature / top_k / top_p / seed (these override it).
         speculate: in a speculative engine, draft for this request. on_token(TokenEvent) is
         called after each step that produced one of its tokens (the last with finished=True).
+        encoder_states (cross-attention models, e.g. Llama-3.2-Vision's text decoder): the
+        request's image or audio encoder output, a bfloat16 [encoder_len, hidden] tensor on the
+        engine's CUDA device or in host memory, taken by DLPack without a copy. Host states are
+        copied at submit; device states are read when the request is admitted, so the request
+        keeps a reference until it finishes (do not write to them meanwhile). A torch CUDA
+        tensor's current stream is synchronized first, so pending writes to it are complete.
         Raises ``graphdecode.Error`` naming the field of a bad request.
         """
         params = _sampling_dict(sampling, dict(temperature=temperature, top_k=top_k,
@@ -278,8 +295,16 @@ class Engine:
             raise Error("must be callable", field="on_token", value=repr(on_token))
         if not hasattr(prompt, "__len__") and hasattr(prompt, "__iter__"):
             prompt = list(prompt)  # a generator: read it once
-        request_id = self._core.submit(prompt, max_new_tokens, stop_tokens, params, speculate)
+        on_device = encoder_states is not None and bool(getattr(encoder_states, "is_cuda", False))
+        if on_device:  # torch: the engine's stream must see the tensor's pending writes done
+            import torch
+
+            torch.cuda.current_stream(encoder_states.device).synchronize()
+        request_id = self._core.submit(prompt, max_new_tokens, stop_tokens, params, speculate,
+                                       encoder_states)
         request = Request(self, request_id, len(prompt), on_token)
+        if on_device or hasattr(encoder_states, "__cuda_array_interface__"):
+            request._encoder_states = encoder_states
         self._requests[request_id] = request
         return request
 
@@ -334,6 +359,7 @@ class Engine:
                         request.tokens.append(token)
                     if finished:
                         request.finished = True
+                        request._encoder_states = None
                         request.cancelled = cancelled
                         del self._requests[request_id]
                     if request._on_token is not None:

@@ -204,6 +204,39 @@ RequestSpec request_spec(nb::handle prompt, nb::handle max_new_tokens, nb::handl
   return s;
 }
 
+EncoderStates encoder_states(nb::handle obj, const std::string& field, int& device_id) {
+  EncoderStates e;
+  device_id = -1;
+  if (obj.is_none()) return e;
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(obj, a, /*convert=*/false))
+    refuse(field, obj, "must be an array offering DLPack: bfloat16 [encoder_len, hidden]");
+  if (a.ndim() != 2) refuse(field, obj, "must be 2-D: [encoder_len, hidden]");
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) || t.bits != 16 ||
+      t.lanes != 1)
+    refuse(field, obj, "must be bfloat16 (the engine reads bf16 states)");
+  const auto rows = static_cast<std::int64_t>(a.shape(0));
+  const auto cols = static_cast<std::int64_t>(a.shape(1));
+  if (rows > 1 && cols > 0 && (a.stride(1) != 1 || a.stride(0) != cols))
+    refuse(field, obj, "must be C-contiguous (torch: .contiguous())");
+  if (rows == 1 && cols > 1 && a.stride(1) != 1)
+    refuse(field, obj, "must be C-contiguous (torch: .contiguous())");
+  if (a.device_type() == nb::device::cuda::value) {
+    e.on_device = true;
+    device_id = static_cast<int>(a.device_id());
+  } else if (a.device_type() != nb::device::cpu::value) {
+    refuse(field, obj, "must be in host memory or on a CUDA device");
+  }
+  if (rows > std::numeric_limits<std::int32_t>::max() ||
+      cols > std::numeric_limits<std::int32_t>::max())
+    refuse(field, obj, "too large");
+  e.length = static_cast<std::int32_t>(rows);
+  e.width = static_cast<std::int32_t>(cols);
+  e.data = rows > 0 ? static_cast<const std::uint16_t*>(a.data()) : nullptr;  // 0 rows: text only
+  return e;
+}
+
 EngineConfig engine_config(nb::dict options) {
   EngineConfig c;
   for (auto [key, value] : options) {
@@ -219,6 +252,10 @@ EngineConfig engine_config(nb::dict options) {
       c.kv_pages = to_i32(value, k);
     } else if (k == "sliding_pages") {
       c.sliding_pages = to_i32(value, k);
+    } else if (k == "max_encoder_len") {
+      c.max_encoder_len = to_i32(value, k);
+    } else if (k == "cross_pages") {
+      c.cross_pages = to_i32(value, k);
     } else if (k == "page_size") {
       c.page_size = to_i32(value, k);
     } else if (k == "use_graphs") {

@@ -37,8 +37,15 @@ std::uint64_t to_u64(nb::handle obj, const std::string& field);
 RequestSpec request_spec(nb::handle prompt, nb::handle max_new_tokens, nb::handle stop_tokens,
                          nb::dict sampling, nb::handle speculate);
 
+// Encoder states for a cross-attention model: None, or a 2-D bfloat16 C-contiguous array
+// [encoder_len, hidden] on the host or a CUDA device, taken by DLPack without a copy (numpy has no
+// bf16: torch tensors, or anything else offering __dlpack__). `device_id` gets the CUDA device
+// (-1 on the host). The caller keeps `obj` alive while the engine may read the data.
+EncoderStates encoder_states(nb::handle obj, const std::string& field, int& device_id);
+
 // EngineConfig from a dict of its field names: max_batch, max_step_tokens, max_context, kv_pages,
-// sliding_pages, page_size, use_graphs, deterministic, and speculative.max_draft_tokens,
+// sliding_pages, page_size, use_graphs, deterministic, max_encoder_len, cross_pages, and
+// speculative.max_draft_tokens,
 // speculative.k_by_batch (a list of (max_batch, k) pairs), speculative.proposer ("draft" or
 // "ngram"), speculative.ngram_max, speculative.ngram_min. An unknown key is an Error naming it.
 EngineConfig engine_config(nb::dict options);

@@ -240,6 +240,10 @@ NB_MODULE(_graphdecode, m) {
       .def_static("from_file", &ModelConfig::from_file, "path"_a, "Reads and parses config.json.")
       .def_static("small_test", &small_test_config, "A tiny 4-layer config for tests.")
       .def_static("llama_1b", &llama_1b_config, "The Llama-3.2-1B shape.")
+      .def_static("small_cross_test", &small_cross_test_config,
+                  "A tiny Mllama text decoder (6 layers, cross-attention at 1 and 4) for tests.")
+      .def_prop_ro("num_cross_layers", &ModelConfig::num_cross_layers)
+      .def_ro("extra_input_tokens", &ModelConfig::extra_input_tokens)
       .def_prop_ro("family",
                    [](const ModelConfig& c) { return std::string(model_family_name(c.family)); })
       .def_ro("architecture", &ModelConfig::architecture)
@@ -298,21 +302,28 @@ NB_MODULE(_graphdecode, m) {
   m.def(
       "check_request",
       [](std::int32_t vocab_size, std::int32_t max_context, nb::handle prompt,
-         nb::handle max_new_tokens, nb::handle stop_tokens, nb::dict sampling,
-         nb::handle speculate) {
+         nb::handle max_new_tokens, nb::handle stop_tokens, nb::dict sampling, nb::handle speculate,
+         nb::handle encoder_states, std::int32_t max_encoder_len, std::int32_t hidden_size,
+         std::int32_t extra_input_tokens) {
         RequestSpec spec =
             py::request_spec(prompt, max_new_tokens, stop_tokens, sampling, speculate);
+        int device_id = -1;
+        spec.encoder = py::encoder_states(encoder_states, "encoder_states", device_id);
         SchedulerConfig sc;
         sc.max_batch = 1;
         sc.max_context = max_context;
         sc.vocab_size = vocab_size;
+        sc.input_vocab_size = extra_input_tokens > 0 ? vocab_size + extra_input_tokens : 0;
+        sc.max_encoder_len = max_encoder_len;
+        sc.encoder_width = max_encoder_len > 0 ? hidden_size : 0;
         const LedgerPool pool = py::check_pool(std::max(max_context, 1), 16);
         KvLedger ledger(std::span<const LedgerPool>(&pool, 1));
         Scheduler scheduler(sc, ledger);
         scheduler.submit(std::move(spec));
       },
       "vocab_size"_a, "max_context"_a, "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a,
-      "sampling"_a, "speculate"_a,
+      "sampling"_a, "speculate"_a, "encoder_states"_a = nb::none(), "max_encoder_len"_a = 0,
+      "hidden_size"_a = 0, "extra_input_tokens"_a = 0,
       "Applies Engine.submit's conversions and the scheduler's request rules on the host.");
 
   m.def(
@@ -332,14 +343,23 @@ NB_MODULE(_graphdecode, m) {
       .def(
           "submit",
           [](PyEngine& e, nb::handle prompt, nb::handle max_new_tokens, nb::handle stop_tokens,
-             nb::dict sampling, nb::handle speculate) {
+             nb::dict sampling, nb::handle speculate, nb::handle encoder_states) {
             RequestSpec spec =
                 py::request_spec(prompt, max_new_tokens, stop_tokens, sampling, speculate);
             PyEngine& engine = py::open(e);
+            int device_id = -1;
+            spec.encoder = py::encoder_states(encoder_states, "encoder_states", device_id);
+            GD_REQUIRE(device_id < 0 || device_id == engine.device(), "encoder_states",
+                       "cuda:" + std::to_string(device_id),
+                       "must be on the engine's device (cuda:" + std::to_string(engine.device()) +
+                           ") or in host memory");
+            // Host states are copied by submit; device states are read at admission (the
+            // Python layer keeps the array alive until the request finishes).
             nb::gil_scoped_release release;
             return engine.submit(std::move(spec));
           },
-          "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a, "sampling"_a, "speculate"_a)
+          "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a, "sampling"_a, "speculate"_a,
+          "encoder_states"_a = nb::none())
       .def(
           "step",
           [](PyEngine& e) {

@@ -190,6 +190,31 @@ def test_arrays_cross_without_a_python_call_per_token():
     assert field_of(gd.check_request, SMALL, np.array([1, SMALL.vocab_size])) == "prompt[1]"
 
 
+def test_encoder_states_cross_by_dlpack_and_name_their_faults():
+    torch = pytest.importorskip("torch")
+    cross = gd.ModelConfig.small_cross_test()
+    assert cross.num_cross_layers == 2 and cross.extra_input_tokens == 8
+    h = cross.hidden_size
+    states = torch.randn(17, h).to(torch.bfloat16)
+    image = [cross.vocab_size, 5, 6]  # an input id past the text vocabulary (<|image|>)
+    gd.check_request("small-cross", image, encoder_states=states, max_encoder_len=64)
+    gd.check_request("small-cross", [1, 2], encoder_states=states[:0], max_encoder_len=64)
+
+    def field(model, states, **kw):
+        return field_of(gd.check_request, model, [1, 2], encoder_states=states, **kw)
+
+    assert field("small-cross", states.float(), max_encoder_len=64) == "encoder_states"
+    assert field("small-cross", states[0], max_encoder_len=64) == "encoder_states"
+    assert field("small-cross", states.t(), max_encoder_len=64) == "encoder_states"
+    assert field("small-cross", [[1.0] * h], max_encoder_len=64) == "encoder_states"
+    assert field("small-cross", states[:, :h - 1], max_encoder_len=64) == "encoder_states"
+    assert field("small-cross", torch.zeros(3, h + 8, dtype=torch.bfloat16),
+                 max_encoder_len=64) == "encoder.width"
+    assert field("small-cross", states, max_encoder_len=16) == "encoder.length"
+    assert field(SMALL, states) == "encoder"  # a model without cross layers
+    assert field_of(gd.check_request, SMALL, image) == "prompt[0]"
+
+
 # ---- engine options ----------------------------------------------------------------------------
 
 
@@ -211,6 +236,7 @@ def test_bad_engine_options_name_the_field(kwargs, field):
 
 
 def test_good_engine_options_convert():
+    gd.check_engine_options(max_encoder_len=1600, cross_pages=400)
     gd.check_engine_options(max_batch=8, max_context=512, use_graphs=False, deterministic=True,
                             speculative=gd.Speculative(max_draft_tokens=3, proposer="ngram",
                                                        k_by_batch=[(4, 3), (16, 1)]))

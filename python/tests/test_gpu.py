@@ -239,3 +239,40 @@ def test_hugging_face_checkpoint_matches_transformers(tmp_path):
     err = float((ours - ref).abs().max() / ref.abs().max())
     assert err < 0.05, err
     assert req.tokens[0] == int(ours.argmax())
+
+
+def test_encoder_states_from_torch_on_the_device_and_the_host():
+    torch = pytest.importorskip("torch")
+    w = gd.Weights.synthetic(gd.ModelConfig.small_cross_test(), seed=5)
+    cfg = w.config
+    gen = torch.Generator().manual_seed(3)
+    states = [torch.randn(n, cfg.hidden_size, generator=gen).to(torch.bfloat16)
+              for n in (17, 1, 64, 300)]
+    prompts = [[cfg.vocab_size] + prompt(9 + i, i) for i in range(len(states))]
+    opts = dict(max_batch=8, max_context=128, max_encoder_len=320)
+
+    def serve(to_states):  # the same batches in a fresh engine: bitwise the same work
+        with gd.Engine(w, **opts) as e:
+            reqs = [e.submit(p, max_new_tokens=12, encoder_states=to_states(s))
+                    for p, s in zip(prompts, states)]
+            reqs.append(e.submit(prompt(9), max_new_tokens=12))  # text only, same steps
+            reqs.append(e.submit(prompt(9), max_new_tokens=12,
+                                 encoder_states=to_states(states[0][:0])))  # 0 rows: text only
+            e.run_until_idle()
+            return [r.tokens for r in reqs]
+
+    host = serve(lambda s: s)
+    dev = serve(lambda s: s.cuda())
+    assert host == dev and all(len(t) == 12 for t in host)
+    assert host[-1] == host[-2]  # 0 rows of states = no states
+    other = serve(lambda s: (-s).cuda())  # the states decide the tokens
+    assert any(o != h for o, h in zip(other[:4], host[:4]))
+    with gd.Engine(w, **opts) as e:
+        with pytest.raises(gd.Error) as info:
+            e.submit(prompts[0], encoder_states=states[0].float().cuda())
+        assert info.value.field == "encoder_states"
+        with pytest.raises(gd.Error) as info:
+            e.submit(prompts[0], encoder_states=torch.zeros(400, cfg.hidden_size,
+                                                            dtype=torch.bfloat16).cuda())
+        assert info.value.field == "encoder.length"
+        assert len(e.submit(prompts[1], max_new_tokens=3, encoder_states=states[1]).result()) == 3

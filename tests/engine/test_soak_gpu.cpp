@@ -1,0 +1,56 @@
+// The short soak (examples/soak runs the long one): a seeded random request stream with bad
+// requests, cancellations from outside and from callbacks and a pool that forces waiting, every
+// step checked against the exact host model of examples/soak/soak.h; plain decoding, speculative
+// decoding with a draft model and with prompt lookup, and the eager path.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "attention_check.h"  // base_seed / sanitize_mode
+#include "soak.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode {
+namespace {
+
+struct SoakCase {
+  const char* name;
+  std::int64_t requests;
+  std::int32_t k;
+  bool ngram, graphs;
+};
+
+class SoakGpu : public testing::GpuTest, public ::testing::WithParamInterface<SoakCase> {};
+
+TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
+  const SoakCase& p = GetParam();
+  soak::SoakConfig c;
+  c.seed = testing::base_seed() + 17;
+  c.requests = testing::sanitize_mode() ? p.requests / 20 : p.requests;
+  c.max_draft_tokens = p.k;
+  c.ngram = p.ngram;
+  c.use_graphs = p.graphs;
+  const soak::SoakReport r = soak::run_soak(c);
+  std::printf("[ soak %s ] seed %llu: %s\n", p.name, static_cast<unsigned long long>(c.seed),
+              r.summary().c_str());
+  for (const std::string& e : r.first_errors) ADD_FAILURE() << e;
+  EXPECT_EQ(r.errors, 0);
+  // The stream did what it is for: every outcome happened, and requests had to wait.
+  EXPECT_EQ(r.submitted, c.requests);
+  EXPECT_GT(r.finished_by_length, 0);
+  EXPECT_GT(r.finished_by_stop, 0);
+  EXPECT_GT(r.cancelled, 0);
+  EXPECT_GT(r.refused, 0);
+  EXPECT_GT(r.waiting_steps, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Streams, SoakGpu,
+                         ::testing::Values(SoakCase{"plain", 2000, 0, false, true},
+                                           SoakCase{"draft_model", 600, 4, false, true},
+                                           SoakCase{"prompt_lookup", 600, 3, true, true},
+                                           SoakCase{"eager", 400, 0, false, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace graphdecode
