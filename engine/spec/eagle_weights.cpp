@@ -98,6 +98,12 @@ EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view 
       throw Error("config field must be true or false", where, "bias", it->dump());
     c.fc_bias = it->get<bool>();
   }
+  // EAGLE's cnets1 reads a non-HF "qkv_bias" key (its Qwen heads): biases on q/k/v, none on o.
+  if (const auto it = root.find("qkv_bias"); it != root.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      throw Error("config field must be true or false", where, "qkv_bias", it->dump());
+    if (it->get<bool>()) c.layer.qkv_bias = true;
+  }
   try {
     c.validate();
   } catch (const Error& e) {

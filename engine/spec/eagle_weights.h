@@ -48,7 +48,8 @@ struct EagleWeights {
   const HostTensor* find(const std::string& name) const;
 };
 
-// The head's config.json text: ModelConfig fields plus EAGLE's "bias". Error for EAGLE-3 configs
+// The head's config.json text: ModelConfig fields plus EAGLE's "bias" (fc) and "qkv_bias" (q/k/v
+// biases of the layer, as cnets1 reads them for its Qwen heads). Error for EAGLE-3 configs
 // (draft_vocab_size, eagle_config), more than one layer, sliding windows.
 EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view source);
 

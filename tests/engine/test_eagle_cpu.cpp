@@ -5,6 +5,7 @@
 // enumeration of the pairs (token_q, h_{q-1}) at position q - 1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
@@ -81,6 +82,11 @@ TEST(EagleWeights, ExpectedTensorsFollowTheConfig) {
   EXPECT_EQ(names.front(), "embed_tokens.weight");
   EXPECT_EQ(std::count(names.begin(), names.end(), "fc.bias"), 0);
   EXPECT_EQ(std::count(names.begin(), names.end(), "layers.0.input_layernorm.weight"), 1);
+  c = eagle_config_from_json_text(head_json(R"(, "qkv_bias": true)"), "head");
+  names.clear();
+  for (const TensorSpec& s : eagle_expected_tensors(c)) names.push_back(s.name);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "layers.0.self_attn.k_proj.bias"), 1);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "layers.0.self_attn.o_proj.bias"), 0);
 }
 
 TEST(EagleWeights, ConfigErrorsNameTheField) {
@@ -92,6 +98,9 @@ TEST(EagleWeights, ConfigErrorsNameTheField) {
             "draft_vocab_size");
   EXPECT_EQ(field_of([] { eagle_config_from_json_text(head_json(R"(, "bias": 1)"), "head"); }),
             "bias");
+  EXPECT_EQ(
+      field_of([] { eagle_config_from_json_text(head_json(R"(, "qkv_bias": "yes")"), "head"); }),
+      "qkv_bias");
   EXPECT_EQ(field_of([] { eagle_config_from_json_text("{", "head"); }), "json");
 }
 
