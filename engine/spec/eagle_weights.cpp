@@ -86,9 +86,25 @@ const HostTensor& EagleWeights::at(const std::string& name) const {
 
 EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view source) {
   EagleConfig c;
-  c.layer = ModelConfig::from_json_text(text, source);  // JSON and field errors named there
-  const nlohmann::json root = nlohmann::json::parse(text.begin(), text.end());
   const std::string where(source);
+  std::string body(text);
+  try {
+    // Converted heads may name the draft class (SGLang's "LlamaForCausalLMEagle"): the layer
+    // is the base family's.
+    nlohmann::json j = nlohmann::json::parse(body);
+    if (j.is_object() && j.contains("architectures") && j["architectures"].is_array() &&
+        j["architectures"].size() == 1 && j["architectures"][0].is_string()) {
+      const std::string arch = j["architectures"][0].get<std::string>();
+      if (arch.size() > 5 && arch.ends_with("Eagle")) {
+        j["architectures"][0] = arch.substr(0, arch.size() - 5);
+        body = j.dump();
+      }
+    }
+  } catch (const nlohmann::json::exception&) {
+    // ModelConfig::from_json_text names the JSON error below
+  }
+  c.layer = ModelConfig::from_json_text(body, source);  // JSON and field errors named there
+  const nlohmann::json root = nlohmann::json::parse(body);
   for (const char* eagle3 : {"draft_vocab_size", "eagle_config"})
     if (root.contains(eagle3))
       throw Error("EAGLE-3 heads are not supported yet (EAGLE-1/2 only)", where, eagle3,

@@ -87,6 +87,10 @@ TEST(EagleWeights, ExpectedTensorsFollowTheConfig) {
   for (const TensorSpec& s : eagle_expected_tensors(c)) names.push_back(s.name);
   EXPECT_EQ(std::count(names.begin(), names.end(), "layers.0.self_attn.k_proj.bias"), 1);
   EXPECT_EQ(std::count(names.begin(), names.end(), "layers.0.self_attn.o_proj.bias"), 0);
+  // A converted head naming the draft class is read as its base family.
+  std::string sglang = head_json();
+  sglang.replace(sglang.find("LlamaForCausalLM"), 16, "LlamaForCausalLMEagle");
+  EXPECT_EQ(eagle_config_from_json_text(sglang, "head").layer.family, ModelFamily::kLlama);
 }
 
 TEST(EagleWeights, ConfigErrorsNameTheField) {
