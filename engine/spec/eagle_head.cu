@@ -112,8 +112,11 @@ EagleHead::EagleHead(const EagleWeights& head, const LlamaModel& target,
     const std::size_t off = cur.take(elems);
     std::size_t within = 0;
     for (const char* n : names) {
+      const HostTensor& t = head.at(n);
+      GD_REQUIRE(t.data.size() == static_cast<std::size_t>(t.numel()), n, t.data.size(),
+                 "tensor data does not match its shape");
       pieces.push_back({off, n, within});
-      within += static_cast<std::size_t>(head.at(n).numel());
+      within += t.data.size();
     }
     GD_REQUIRE(within == elems, names.begin()[0], within, "tensor size does not match the config");
     return off;
