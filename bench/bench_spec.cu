@@ -4,6 +4,9 @@
 //              [--prompt-len L] [--lookup] [--json PATH]
 //   bench_spec --synthetic [--draft-layers N] ...   (the 1B-class shape; the draft its first N
 //                                                    layers with the same synthetic weights)
+//   bench_spec ... --eagle DIR|synthetic             (an EAGLE-1/2 head proposes instead of the
+//                                                    draft model; scripts/hf_eagle_parity.py
+//                                                    --workdir keeps target/ and eagle/)
 //
 // Per batch B: B greedy requests (prompts of the period task of scripts/hf_parity.py for trained
 // checkpoints, random for --synthetic) served to T new tokens by a plain engine, then by a
@@ -27,6 +30,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/model_config.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 
 namespace {
@@ -41,7 +45,7 @@ std::vector<std::int32_t> parse_list(const std::string& s) {
 }
 
 struct Run {
-  std::string kind;  // "plain", "draft", "lookup"
+  std::string kind;  // "plain", "draft", "lookup", "eagle"
   std::int32_t batch = 0, k = 0;
   double tokens_per_s = 0, p50_step_us = 0, tokens_per_row = 1, us_per_token = 0;
   double acceptance = 0;
@@ -49,9 +53,9 @@ struct Run {
   double overhead = 0;
 };
 
-Run serve(const HostWeights& target, const HostWeights* draft, bool lookup, std::int32_t batch,
-          std::int32_t k, const std::vector<std::vector<std::int32_t>>& prompts,
-          std::int32_t new_tokens) {
+Run serve(const HostWeights& target, const HostWeights* draft, const EagleWeights* eagle,
+          bool lookup, std::int32_t batch, std::int32_t k,
+          const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t new_tokens) {
   EngineConfig ec;
   ec.max_batch = batch;
   std::int32_t longest = 0;
@@ -61,9 +65,12 @@ Run serve(const HostWeights& target, const HostWeights* draft, bool lookup, std:
   if (k > 0) {
     ec.speculative.max_draft_tokens = k;
     ec.speculative.k_by_batch = {{batch, k}};
-    ec.speculative.proposer = lookup ? SpecProposer::kNgram : SpecProposer::kDraftModel;
+    ec.speculative.proposer = lookup  ? SpecProposer::kNgram
+                              : eagle ? SpecProposer::kEagle
+                                      : SpecProposer::kDraftModel;
   }
-  Engine engine(target, ec, k > 0 && !lookup ? draft : nullptr);
+  const bool model = k > 0 && !lookup && eagle == nullptr;
+  Engine engine(target, ec, model ? draft : nullptr, k > 0 && !lookup ? eagle : nullptr);
   for (std::int32_t r = 0; r < batch; ++r) {
     RequestSpec s;
     s.prompt = prompts[static_cast<std::size_t>(r) % prompts.size()];
@@ -77,7 +84,7 @@ Run serve(const HostWeights& target, const HostWeights* draft, bool lookup, std:
   engine.run_until_idle();
   const EngineStats s = engine.stats();
   Run r;
-  r.kind = k == 0 ? "plain" : lookup ? "lookup" : "draft";
+  r.kind = k == 0 ? "plain" : lookup ? "lookup" : eagle ? "eagle" : "draft";
   r.batch = batch;
   r.k = k;
   const double decode_s = s.busy_s - before.busy_s;
@@ -117,7 +124,7 @@ std::vector<std::vector<std::int32_t>> task_prompts(std::int32_t n, std::int32_t
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string target_dir, draft_dir, json;
+  std::string target_dir, draft_dir, eagle_dir, json;
   std::vector<std::int32_t> batches = {1, 8, 32, 64}, ks = {1, 2, 3, 4, 5};
   std::int32_t new_tokens = 128, prompt_len = 64, draft_layers = 2;
   bool synthetic = false, lookup = false;
@@ -134,6 +141,8 @@ int main(int argc, char** argv) {
       draft_layers = std::stoi(next());
     else if (a == "--lookup")
       lookup = true;
+    else if (a == "--eagle")
+      eagle_dir = next();
     else if (a == "--batches")
       batches = parse_list(next());
     else if (a == "--ks")
@@ -145,10 +154,11 @@ int main(int argc, char** argv) {
     else if (a == "--json")
       json = next();
     else {
-      std::fprintf(stderr,
-                   "usage: bench_spec (--target DIR --draft DIR | --synthetic "
-                   "[--draft-layers N]) [--lookup] [--batches ..] [--ks ..] "
-                   "[--new-tokens T] [--prompt-len L] [--json PATH]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_spec (--target DIR --draft DIR | --synthetic "
+          "[--draft-layers N]) [--lookup | --eagle DIR|synthetic] [--batches ..] [--ks ..] "
+          "[--new-tokens T] [--prompt-len L] [--json PATH]\n");
       return 2;
     }
   }
@@ -170,6 +180,10 @@ int main(int argc, char** argv) {
     } else if (!draft_dir.empty()) {
       draft = load_checkpoint(draft_dir);
     }
+    const EagleWeights head = eagle_dir.empty()          ? EagleWeights{}
+                              : eagle_dir == "synthetic" ? synthetic_eagle_weights(target.config, 2)
+                                                         : load_eagle_head(eagle_dir);
+    const EagleWeights* eagle = eagle_dir.empty() ? nullptr : &head;
     std::mt19937 rng(7);
     std::vector<std::vector<std::int32_t>> prompts;
     if (synthetic) {
@@ -183,17 +197,21 @@ int main(int argc, char** argv) {
     }
     std::printf("target %d layers hidden %d, draft %d layers (%s); %d new tokens per request\n",
                 target.config.num_hidden_layers, target.config.hidden_size,
-                draft.config.num_hidden_layers, lookup ? "prompt lookup" : "draft model",
+                draft.config.num_hidden_layers,
+                lookup  ? "prompt lookup"
+                : eagle ? "EAGLE head proposes"
+                        : "draft model",
                 new_tokens);
     std::printf("%6s %7s %3s %10s %9s %9s %8s %8s %7s %7s %7s %7s %8s %8s\n", "kind", "batch", "k",
                 "tok/s", "speedup", "step us", "tok/row", "us/tok", "accept", "prep", "propose",
                 "verify", "accept", "overhead");
     std::vector<Run> runs;
     for (std::int32_t b : batches) {
-      const Run plain = serve(target, nullptr, false, b, 0, prompts, new_tokens);
+      const Run plain = serve(target, nullptr, nullptr, false, b, 0, prompts, new_tokens);
       runs.push_back(plain);
       for (std::int32_t k : ks) {
-        runs.push_back(serve(target, lookup ? nullptr : &draft, lookup, b, k, prompts, new_tokens));
+        runs.push_back(
+            serve(target, lookup ? nullptr : &draft, eagle, lookup, b, k, prompts, new_tokens));
       }
       for (std::size_t i = runs.size() - ks.size() - 1; i < runs.size(); ++i) {
         const Run& r = runs[i];

@@ -89,7 +89,8 @@ double percentile(std::vector<double> v, double q) {
 
 }  // namespace
 
-Engine::Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft)
+Engine::Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft,
+               const EagleWeights* eagle)
     : config_(validated(config)) {
   const RuntimeOptions ro = runtime_options(config_);
   GD_REQUIRE(!weights.config.any_cross() || config_.max_encoder_len >= 1, "max_encoder_len",
@@ -106,10 +107,12 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
     sc.k_by_batch = config_.speculative.k_by_batch;
     sc.ngram = config_.speculative.ngram;
     sc.use_graphs = config_.use_graphs;
-    runner_ = std::make_unique<SpecRunner>(weights, draft, ro, sc, stream_);
+    runner_ = std::make_unique<SpecRunner>(weights, draft, ro, sc, stream_, eagle);
   } else {
     GD_REQUIRE(draft == nullptr, "speculative.max_draft_tokens", 0,
                "a draft model was given: set max_draft_tokens >= 1 to use it");
+    GD_REQUIRE(eagle == nullptr, "speculative.max_draft_tokens", 0,
+               "an EAGLE head was given: set max_draft_tokens >= 1 to use it");
     runner_ = std::make_unique<DecodeRunner>(weights, ro, config_.use_graphs, stream_);
   }
   scheduler_ = std::make_unique<Scheduler>(

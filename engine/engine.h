@@ -15,7 +15,8 @@
 // token; finished requests' slots and pages released in the ledger) -> callbacks.
 //
 // Speculative decoding (engine/spec/): set speculative.max_draft_tokens and pass a draft model of
-// the target's vocabulary (or choose prompt lookup, SpecProposer::kNgram). Decode steps then
+// the target's vocabulary (or choose prompt lookup, SpecProposer::kNgram, or pass an EAGLE head
+// with SpecProposer::kEagle). Decode steps then
 // draft k tokens per request (k from the batch size), verify them with the target in one pass
 // and commit the accepted prefix and the target's next token. Greedy requests get exactly the
 // target's greedy tokens; sampled requests (and those with RequestSpec::speculate false) commit the
@@ -131,9 +132,11 @@ class Engine {
 
   // Uploads the weights, allocates every buffer, captures the decode graphs. Throws Error for an
   // unsupported model config or engine config (naming the field), or on a CUDA failure. `draft`
-  // (with config.speculative.max_draft_tokens >= 1): the draft model of speculative decoding.
-  Engine(const HostWeights& weights, const EngineConfig& config,
-         const HostWeights* draft = nullptr);
+  // (with config.speculative.max_draft_tokens >= 1): the draft model of speculative decoding;
+  // `eagle` (with speculative.proposer = SpecProposer::kEagle): an EAGLE-1/2 head
+  // (load_eagle_head / synthetic_eagle_weights) drafting from the target's hidden states.
+  Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft = nullptr,
+         const EagleWeights* eagle = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

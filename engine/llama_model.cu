@@ -85,6 +85,16 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   allocate_encoder_staging(stream);
 }
 
+void LlamaModel::enable_hidden_states(cudaStream_t stream) {
+  GD_REQUIRE(!is_cross(static_cast<std::int32_t>(layout_.layers.size()) - 1), "layers",
+             "cross last", "hidden states are captured after a self-attention layer");
+  if (hidden_.size() > 0) return;
+  hidden_ = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(max_tokens_) *
+                                        static_cast<std::size_t>(config_.hidden_size));
+  hidden_.fill_bytes(0, stream);
+  GD_CUDA(cudaStreamSynchronize(stream));
+}
+
 void LlamaModel::norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
                       std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,
                       std::int32_t hidden, cudaStream_t stream) const {
@@ -205,6 +215,26 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   const bool last_cross = is_cross(layers - 1);
   if (last_cross) add_norm(m, weights_.layer(layers - 1).mlp_gate, nullptr, rows, stream);
 
+  if (hidden_.size() > 0) {  // every row's normed state, then the logits rows copied from it
+    norm(proj_.data(), residual_.data(), weights_.final_norm(), hidden_.data(), num_tokens, rows, h,
+         stream);
+    GatherParams g;
+    g.x = nullptr;
+    g.res = reinterpret_cast<const uint4*>(hidden_.data());
+    g.out_res = reinterpret_cast<uint4*>(logit_normed_.data());
+    g.num_rows = m.scalars + StepMetaLayout::kNumLogitRows;
+    g.logit_row = m.logit_row;
+    g.max_rows = logit_rows;
+    g.row_vecs = h / 8;
+    gather_rows_kernel<<<blocks_for(static_cast<std::int64_t>(logit_rows) * g.row_vecs), kThreads,
+                         0, stream>>>(g);
+    GD_CHECK_LAUNCH();
+    gemm_.run(
+        {logit_normed_.data(), weights_.lm_head(), logits != nullptr ? logits : logits_.data(),
+         logit_rows, h, config_.vocab_size, GemmOut::kF32},
+        stream);
+    return;
+  }
   GatherParams g;
   g.x = last_cross ? nullptr : reinterpret_cast<const uint4*>(proj_.data());
   g.res = reinterpret_cast<const uint4*>(residual_.data());

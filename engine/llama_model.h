@@ -90,6 +90,18 @@ class LlamaModel {
   void forward(const ModelRuntime& runtime, const StepMetaView& meta, const StepShape& shape,
                float* logits, cudaStream_t stream);
 
+  // Start-up only, before the first forward (it allocates): from then on every forward also
+  // writes hidden_states(), the final-normed hidden state (what lm_head reads) of EVERY token row,
+  // for draft heads that read the target's states (EAGLE). The logits rows are then gathered from
+  // it: the same kernel over the same rows, so the logits are bitwise those without it. Error for
+  // a model whose last layer is a cross layer.
+  void enable_hidden_states(cudaStream_t stream);
+  // [max_tokens][hidden] bf16, row t = token row t of the last forward's metadata; nullptr until
+  // enable_hidden_states.
+  const std::uint16_t* hidden_states() const noexcept { return hidden_.data(); }
+  // The device weights (a draft head shares the embedding and lm_head).
+  const DeviceWeights& weights() const noexcept { return weights_; }
+
   // [max_logit_rows][vocab] float: row i = logits of the step's logits row i (LogitRows).
   const float* logits() const noexcept { return logits_.data(); }
   std::int32_t vocab() const noexcept { return config_.vocab_size; }
@@ -140,7 +152,8 @@ class LlamaModel {
   DeviceBuffer<std::uint16_t> act_;       // [inter]
   // [max_logit_rows][hidden]: the logits rows' x, residual and final norm.
   DeviceBuffer<std::uint16_t> logit_x_, logit_res_, logit_normed_;
-  DeviceBuffer<float> logits_;  // [max_logit_rows][vocab]
+  DeviceBuffer<float> logits_;          // [max_logit_rows][vocab]
+  DeviceBuffer<std::uint16_t> hidden_;  // [max_tokens][hidden] when enabled (hidden_states())
   // encode() staging (cross models only): host states copied here, each cross layer's K and V,
   // and write_new_kv's destinations (count, then the slot per row, then positions 0..n-1).
   DeviceBuffer<std::uint16_t> enc_states_;  // [max_encoder_len][hidden]

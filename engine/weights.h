@@ -79,4 +79,12 @@ HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint&
 // Deterministic for (config, seed), independent of thread count; different seeds differ.
 HostWeights synthetic_weights(const ModelConfig& config, std::uint64_t seed);
 
+namespace synthetic {
+// `numel` values ~ N(0, 0.02^2) in bf16, seeded from (seed, name) as synthetic_weights seeds a
+// tensor (the same values for the same name), on the calling thread: for other seeded weights
+// (draft heads).
+std::vector<std::uint16_t> normal_values(const std::string& name, std::size_t numel,
+                                         std::uint64_t seed);
+}  // namespace synthetic
+
 }  // namespace graphdecode

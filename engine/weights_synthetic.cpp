@@ -113,4 +113,20 @@ HostWeights synthetic_weights(const ModelConfig& config, std::uint64_t seed) {
   return w;
 }
 
+namespace synthetic {
+
+std::vector<std::uint16_t> normal_values(const std::string& name, std::size_t numel,
+                                         std::uint64_t seed) {
+  std::vector<std::uint16_t> out(numel);
+  std::uint64_t mix = seed ^ fnv1a(name);
+  const std::uint64_t tensor_seed = splitmix64(mix);
+  for (std::size_t c = 0; c * kChunk < numel; ++c) {
+    const std::size_t begin = c * kChunk;
+    std::uint64_t chunk_mix = tensor_seed + c;
+    fill_normal(out.data() + begin, std::min(kChunk, numel - begin), splitmix64(chunk_mix));
+  }
+  return out;
+}
+
+}  // namespace synthetic
 }  // namespace graphdecode

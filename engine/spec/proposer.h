@@ -1,5 +1,6 @@
 // What proposes a speculative step's k drafts per request (engine/spec/spec_step.h runs the
-// target's verify and acceptance around it). Two proposers: a draft model beside the target
+// target's verify and acceptance around it). An EAGLE head (engine/spec/eagle_proposer.h) and two
+// proposers here: a draft model beside the target
 // (DraftModelProposer: its draft-extend over the committed tokens, then k - 1 decodes, each
 // sampled) and prompt lookup on the device (NgramProposer: the longest suffix of the request's
 // own tokens that occurred before proposes what followed it). Both are capture-safe and write
@@ -30,6 +31,13 @@ class DraftProposer {
   // committed tokens) and the spec prep's blocks, into spec.verify()'s token ids.
   virtual void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
                        cudaStream_t stream) = 0;
+  // After the target's verify forward of a speculative step of k (its hidden states of the verify
+  // rows are then current): what the proposer keeps of them for the next step (EAGLE).
+  virtual void verified(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
+                        cudaStream_t stream) {
+    static_cast<void>(spec), static_cast<void>(shape), static_cast<void>(k),
+        static_cast<void>(stream);
+  }
   // [1] sticky device error flag (a bad token id), or nullptr.
   virtual const std::int32_t* error_flag() const { return nullptr; }
   // The distributions the drafts were drawn from, for sampled acceptance (accept_sampled.h):

@@ -8,6 +8,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/nvtx.h"
+#include "engine/spec/eagle_proposer.h"
 
 namespace graphdecode {
 
@@ -23,7 +24,7 @@ std::int32_t k_for_batch(const std::vector<SpecKRule>& rules, std::int32_t batch
 
 SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
                        const RuntimeOptions& options, const SpecRunnerConfig& config,
-                       cudaStream_t stream)
+                       cudaStream_t stream, const EagleWeights* eagle)
     : config_(config), stream_(stream) {
   const std::int32_t kmax = config_.max_draft_tokens;
   GD_REQUIRE(kmax >= 1 && kmax <= kMaxSpecDrafts, "speculative.max_draft_tokens", kmax,
@@ -36,6 +37,11 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
              model ? draft->config.vocab_size : 0,
              "a draft model proposes the target's tokens: its vocabulary must be the target's (" +
                  std::to_string(target.config.vocab_size) + ")");
+  const bool head = config_.proposer == SpecProposer::kEagle;
+  GD_REQUIRE(head == (eagle != nullptr), "eagle", eagle ? "given" : "none",
+             head ? "the EAGLE proposer needs an EAGLE head"
+                  : "an EAGLE head was given to another proposer");
+  if (head) check_eagle_fits(eagle->config, target.config);
   if (config_.k_by_batch.empty()) config_.k_by_batch = default_k_rules(kmax);
   for (std::size_t i = 0; i < config_.k_by_batch.size(); ++i) {
     const SpecKRule& r = config_.k_by_batch[i];
@@ -44,14 +50,19 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
   }
   std::vector<AttentionLayout> layouts = {llama_attention_layout(target.config)};
   if (model) layouts.push_back(llama_attention_layout(draft->config));
+  if (head) layouts.push_back(llama_attention_layout(eagle->config.layer));
   StepCapacity cap = step_capacity(options, layouts);
   cap.aux_words = SamplingWords::kCount;
   cap.max_draft_tokens = kmax;
   step_ = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
   target_rt_ = std::make_unique<ModelRuntime>(layouts[0], options, *step_, 0, stream);
   target_ = std::make_unique<LlamaModel>(target, options, stream);
+  if (head) target_->enable_hidden_states(stream);  // before any forward is captured
   program_ = std::make_unique<SpecStep>(*target_rt_, *target_, stream);
-  if (model) {
+  if (head) {
+    draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);
+    proposer_ = std::make_unique<EagleProposer>(*draft_rt_, *eagle, *target_, options, stream);
+  } else if (model) {
     draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);
     draft_ = std::make_unique<LlamaModel>(*draft, options, stream);
     proposer_ = std::make_unique<DraftModelProposer>(*draft_rt_, *draft_, stream);

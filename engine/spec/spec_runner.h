@@ -1,9 +1,10 @@
-// Speculative decoding (engine/spec/spec_step.h) with a draft model or prompt lookup
-// (engine/spec/proposer.h): prefill chunks run the target and keep the proposer up with the prompt
-// (the draft model's forward over it); decode steps are speculative steps of k drafts, k chosen
-// per step from the batch size (a full batch gains little from drafting; k = 0 still keeps the
-// draft's cache current). The host book of each request (engine/spec/spec_book.h) gives every
-// step exactly the pages it touches and rolls rejected rows back after it.
+// Speculative decoding (engine/spec/spec_step.h) with a draft model, prompt lookup
+// (engine/spec/proposer.h) or an EAGLE head (engine/spec/eagle_proposer.h): prefill chunks run the
+// target and keep the proposer up with the prompt (the draft model's forward over it); decode steps
+// are speculative steps of k drafts, k chosen per step from the batch size (a full batch gains
+// little from drafting; k = 0 still keeps the draft's cache current). The host book of each request
+// (engine/spec/spec_book.h) gives every step exactly the pages it touches and rolls rejected rows
+// back after it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include "common/stream.h"
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/step_context.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/spec/spec_book.h"
 #include "engine/spec/spec_step.h"
 #include "engine/step_runner.h"
@@ -33,6 +35,7 @@ struct SpecKRule {
 enum class SpecProposer : std::uint8_t {
   kDraftModel = 0,  // a Llama-family draft model of the target's vocabulary
   kNgram = 1,       // prompt lookup in the request's own tokens, on the device
+  kEagle = 2,       // an EAGLE-1/2 head over the target's hidden states (eagle_proposer.h)
 };
 
 struct SpecRunnerConfig {
@@ -50,12 +53,14 @@ std::int32_t k_for_batch(const std::vector<SpecKRule>& rules, std::int32_t batch
 
 class SpecRunner : public StepRunner {
  public:
-  // The target and the proposer on one step context (the target's pools, then a draft model's),
-  // the speculative graphs of every k the rules use captured on `stream`. `draft`: the draft
-  // model's weights (kDraftModel), nullptr for prompt lookup. Error names what does not fit (the
-  // draft's vocabulary, k out of range, a missing or unneeded draft).
+  // The target and the proposer on one step context (the target's pools, then a draft model's
+  // or an EAGLE head's), the speculative graphs of every k the rules use captured on `stream`.
+  // `draft`: the draft model's weights (kDraftModel only); `eagle`: the head (kEagle only).
+  // Error names what does not fit (the draft's vocabulary, the head's hidden size or
+  // vocabulary, k out of range, a missing or unneeded draft or head).
   SpecRunner(const HostWeights& target, const HostWeights* draft, const RuntimeOptions& options,
-             const SpecRunnerConfig& config, cudaStream_t stream);
+             const SpecRunnerConfig& config, cudaStream_t stream,
+             const EagleWeights* eagle = nullptr);
 
   void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) override;
   void retire(std::span<const TokenEvent> events) override;

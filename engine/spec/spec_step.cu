@@ -81,8 +81,9 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   const StepMetaView& v = spec_.verify();
   const std::int32_t rows = b * (k + 1);
   target_rt_.plan(v, stream);
-  target_.forward(target_rt_, v, StepShape{StepMode::kTargetVerify, b, rows, rows, k + 1}, nullptr,
-                  stream);
+  const StepShape vs{StepMode::kTargetVerify, b, rows, rows, k + 1};
+  target_.forward(target_rt_, v, vs, nullptr, stream);
+  proposer_->verified(spec_, vs, k, stream);  // EAGLE keeps the verify rows' hidden states
   marks_[kSpecAccept].record_external(stream);
   target_sampler_.enqueue(v, aux, target_.logits(), rows, picks_.data(), stream, stats_.data());
   AcceptSampledArgs a;

@@ -3,7 +3,7 @@
 //
 //   model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) --prompts FILE
 //                --new-tokens N [--graphs on|off] --out PREFIX
-//                [--draft DIR | --lookup] [--k K]
+//                [--draft DIR | --lookup | --eagle DIR|synthetic] [--k K]
 //                [--encoders FILE --encoder-lens L0,L1,... [--control-encoder-len-of K]]
 //
 // FILE: one prompt per line, space-separated token ids. Writes
@@ -11,7 +11,9 @@
 //   PREFIX.f32   raw float32 logits [steps][batch][vocab] (each request's last token per step)
 // With --draft (a draft model's checkpoint) or --lookup (prompt lookup): speculative decoding of
 // up to K drafts per step (default 4) by the Engine, all prompts in one batch; the JSON adds the
-// acceptance ("drafted", "accepted", "tokens_per_step"), no logits file.
+// acceptance ("drafted", "accepted", "tokens_per_step"), no logits file. With --eagle (an EAGLE
+// head directory, or `synthetic`: a seeded random head) speculative decoding step by step with
+// every step's drafts in the JSON (eagle_steps.h; scripts/hf_eagle_parity.py).
 // Cross-attention models (Mllama): --encoders FILE holds every prompt's encoder states, raw bf16
 // [sum of lengths][hidden] in prompt order, and --encoder-lens their lengths (0 = text only), one
 // per prompt (scripts/hf_mllama_parity.py). --control-encoder-len-of K runs the control of that
@@ -32,9 +34,11 @@
 #include "common/device.h"
 #include "common/error.h"
 #include "common/stream.h"
+#include "eagle_steps.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/model_config.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 
 namespace {
@@ -87,7 +91,8 @@ std::string read_text(const std::string& path) {
 int usage() {
   std::cerr << "usage: model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) "
                "--prompts FILE --new-tokens N [--graphs on|off] --out PREFIX "
-               "[--draft DIR | --lookup] [--k K] [--encoders FILE --encoder-lens L0,L1,... "
+               "[--draft DIR | --lookup | --eagle DIR|synthetic] [--k K] [--encoders FILE "
+               "--encoder-lens L0,L1,... "
                "[--control-encoder-len-of K]]\n";
   return 2;
 }
@@ -147,7 +152,8 @@ int run_speculative(const HostWeights& target, const HostWeights* draft,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, synthetic, prompts_path, out, draft_dir, encoders_path, encoder_lens;
+  std::string checkpoint, synthetic, prompts_path, out, draft_dir, encoders_path, encoder_lens,
+      eagle_dir;
   std::int32_t control_of = -1;
   std::uint64_t seed = 1;
   bool lookup = false;
@@ -174,6 +180,8 @@ int main(int argc, char** argv) {
       draft_dir = next();
     else if (a == "--lookup")
       lookup = true;
+    else if (a == "--eagle")
+      eagle_dir = next();
     else if (a == "--k")
       k = std::stoi(next());
     else if (a == "--encoders")
@@ -216,6 +224,13 @@ int main(int argc, char** argv) {
       }
       opt.encoders = encoders;
       opt.control_encoder_len_of = control_of;
+    }
+    if (!eagle_dir.empty()) {
+      if (!encoders.empty() || !draft_dir.empty() || lookup) return usage();
+      const EagleWeights head = eagle_dir == "synthetic"
+                                    ? synthetic_eagle_weights(weights.config, seed + 1)
+                                    : load_eagle_head(eagle_dir);
+      return run_eagle_steps(weights, head, prompts, opt.new_tokens, k, opt.use_graphs, out);
     }
     if (!draft_dir.empty() || lookup) {
       if (!encoders.empty()) return usage();

@@ -4,14 +4,17 @@
 // per draft position, the tokens a request commits per step, throughput of both and the speedup,
 // and whether every request got the same tokens.
 //
-//   speculative [--target DIR | --model 1b|small] [--draft self|noisy|layers:N|DIR] [--k K]
-//               [--requests N] [--max-batch B] [--prompt-len L] [--new-tokens T] [--seed S]
-//               [--graphs on|off]
+//   speculative [--target DIR | --model 1b|small] [--draft self|noisy|layers:N|DIR]
+//               [--eagle synthetic|DIR] [--k K] [--requests N] [--max-batch B]
+//               [--prompt-len L] [--new-tokens T] [--seed S] [--graphs on|off]
 //
 // Drafts: `self` is the target itself (every draft accepted: the machinery at full acceptance,
 // no speedup since the draft costs what the target costs); `noisy` the target with noise on its
 // LM head (part accepted); `layers:N` the target's first N layers with the same weights (a cheap
 // draft); DIR a Hugging Face checkpoint of the target's vocabulary. Synthetic weights by default.
+// --eagle drafts with an EAGLE-1/2 head instead (engine/spec/eagle_weights.h): `synthetic` a
+// seeded random head for the target (the machinery; its drafts are rarely accepted), DIR a head
+// directory (config.json + model.safetensors, EAGLE's tensor names) trained for the target.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +28,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/model_config.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 
 namespace {
@@ -32,7 +36,7 @@ namespace {
 using namespace graphdecode;
 
 struct Options {
-  std::string target, draft = "self", model = "small";
+  std::string target, draft = "self", model = "small", eagle;
   std::int32_t k = 4, requests = 8, max_batch = 8, prompt_len = 64, new_tokens = 128;
   std::uint64_t seed = 1;
   bool graphs = true;
@@ -42,7 +46,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: speculative [--target DIR | --model 1b|small] "
                "[--draft self|noisy|layers:N|DIR]\n"
-               "                   [--k K] [--requests N] [--max-batch B] [--prompt-len L]\n"
+               "                   [--eagle synthetic|DIR] [--k K] [--requests N] [--max-batch B] "
+               "[--prompt-len L]\n"
                "                   [--new-tokens T] [--seed S] [--graphs on|off]\n");
   return 2;
 }
@@ -56,6 +61,8 @@ bool parse(int argc, char** argv, Options& o) {
       o.model = v;
     else if (a == "--draft")
       o.draft = v;
+    else if (a == "--eagle")
+      o.eagle = v;
     else if (a == "--k")
       o.k = std::stoi(v);
     else if (a == "--requests")
@@ -139,11 +146,20 @@ int main(int argc, char** argv) {
         !o.target.empty()
             ? load_checkpoint(o.target)
             : synthetic_weights(o.model == "1b" ? llama_1b_config() : small_test_config(), o.seed);
-    const HostWeights draft = make_draft(o, target);
-    std::printf("target: %d layers, hidden %d, vocab %d (%s); draft: %d layers (%s), k <= %d\n",
-                target.config.num_hidden_layers, target.config.hidden_size,
-                target.config.vocab_size, o.target.empty() ? "synthetic" : o.target.c_str(),
-                draft.config.num_hidden_layers, o.draft.c_str(), o.k);
+    const bool eagle = !o.eagle.empty();
+    const HostWeights draft = eagle ? HostWeights{} : make_draft(o, target);
+    const EagleWeights head = !eagle ? EagleWeights{}
+                              : o.eagle == "synthetic"
+                                  ? synthetic_eagle_weights(target.config, o.seed + 11)
+                                  : load_eagle_head(o.eagle);
+    std::printf("target: %d layers, hidden %d, vocab %d (%s); ", target.config.num_hidden_layers,
+                target.config.hidden_size, target.config.vocab_size,
+                o.target.empty() ? "synthetic" : o.target.c_str());
+    if (eagle)
+      std::printf("EAGLE head (%s), k <= %d\n", o.eagle.c_str(), o.k);
+    else
+      std::printf("draft: %d layers (%s), k <= %d\n", draft.config.num_hidden_layers,
+                  o.draft.c_str(), o.k);
 
     std::mt19937_64 rng(o.seed);
     std::vector<RequestSpec> specs(static_cast<std::size_t>(o.requests));
@@ -161,7 +177,8 @@ int main(int argc, char** argv) {
     const Served plain = serve(plain_engine, specs);
     ec.speculative.max_draft_tokens = o.k;
     ec.speculative.k_by_batch = {{o.max_batch, o.k}};
-    Engine spec_engine(target, ec, &draft);
+    if (eagle) ec.speculative.proposer = SpecProposer::kEagle;
+    Engine spec_engine(target, ec, eagle ? nullptr : &draft, eagle ? &head : nullptr);
     const Served spec = serve(spec_engine, specs);
 
     const EngineStats& s = spec.stats;

@@ -14,6 +14,7 @@ ValueError carrying ``field`` and ``value``.
 from ._errors import Error  # first: the extension raises this class
 from . import _graphdecode as _core
 from ._engine import (
+    EagleHead,
     Engine,
     ModelConfig,
     Request,
@@ -35,6 +36,7 @@ def cuda_device_available() -> bool:
 
 
 __all__ = [
+    "EagleHead",
     "Engine",
     "Error",
     "ModelConfig",

@@ -18,6 +18,7 @@ from ._errors import Error
 
 ModelConfig = _core.ModelConfig
 Weights = _core.Weights
+EagleHead = _core.EagleHead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,9 @@ class Speculative:
 
     max_draft_tokens: most draft tokens per request per step (1..8). k_by_batch: (max_batch, k)
     rules, the first whose max_batch >= the step's batch gives k (empty: the library's
-    defaults). proposer: "draft" (a draft model passed to the Engine) or "ngram" (prompt lookup
-    in the request's own tokens, no draft model). ngram_max / ngram_min: suffix lengths looked up.
+    defaults). proposer: "draft" (a draft model passed to the Engine), "ngram" (prompt lookup
+    in the request's own tokens, no draft model) or "eagle" (an EAGLE-1/2 head passed to the
+    Engine as ``eagle``). ngram_max / ngram_min: suffix lengths looked up.
     """
 
     max_draft_tokens: int = 0
@@ -175,6 +177,14 @@ def _weights(source: Union[Weights, str, os.PathLike, None], field: str) -> Opti
     raise Error("must be Weights or a checkpoint directory", field=field, value=repr(source))
 
 
+def _eagle(source: Union[EagleHead, str, os.PathLike, None]) -> Optional[EagleHead]:
+    if source is None or isinstance(source, EagleHead):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return EagleHead.load(os.fspath(source))
+    raise Error("must be EagleHead or an EAGLE head directory", field="eagle", value=repr(source))
+
+
 def _sampling_dict(sampling: Optional[Sampling], overrides: dict[str, Any]) -> dict[str, Any]:
     out = dataclasses.asdict(Sampling())
     if isinstance(sampling, Sampling):
@@ -240,7 +250,8 @@ class Engine:
     kv_pages / sliding_pages (0 = sized for max_batch requests of max_context), page_size (16),
     use_graphs (True: decode steps by CUDA-graph replay), deterministic (False: batch-invariant
     attention when True), prefix_cache (True: share cached prompt-prefix pages across requests,
-    docs/prefix_cache.md), speculative (a ``Speculative``; with proposer "draft" pass ``draft``),
+    docs/prefix_cache.md), speculative (a ``Speculative``; with proposer "draft" pass ``draft``,
+    with proposer "eagle" pass ``eagle``: an ``EagleHead`` or its directory),
     max_encoder_len (cross-attention models: the longest encoder_states a request may carry,
     required for them) and cross_pages (0 = max_batch requests at max_encoder_len).
 
@@ -251,12 +262,13 @@ class Engine:
     """
 
     def __init__(self, weights: Weights, *, draft: Union[Weights, str, os.PathLike, None] = None,
+                 eagle: Union[EagleHead, str, os.PathLike, None] = None,
                  speculative: Union[Speculative, Mapping, None] = None, **options: Any) -> None:
         if not isinstance(weights, Weights):
             raise Error("must be graphdecode.Weights (see Engine.from_checkpoint / synthetic)",
                         field="weights", value=repr(weights))
         self._core = _core.Engine(weights, _engine_options(options, speculative),
-                                  _weights(draft, "draft"))
+                                  _weights(draft, "draft"), _eagle(eagle))
         self._requests: dict[int, Request] = {}
         self._vocab_size = weights.config.vocab_size
         self._delivering = False

@@ -272,8 +272,12 @@ EngineConfig engine_config(nb::dict options) {
         c.speculative.proposer = SpecProposer::kDraftModel;
       } else if (name == "ngram") {
         c.speculative.proposer = SpecProposer::kNgram;
+      } else if (name == "eagle") {
+        c.speculative.proposer = SpecProposer::kEagle;
       } else {
-        refuse(k, value, "must be \"draft\" (a draft model) or \"ngram\" (prompt lookup)");
+        refuse(k, value,
+               "must be \"draft\" (a draft model), \"ngram\" (prompt lookup) or \"eagle\" (an "
+               "EAGLE head)");
       }
     } else if (k == "speculative.ngram_max") {
       c.speculative.ngram.max_ngram = to_i32(value, k);

@@ -33,6 +33,7 @@
 #include "engine/engine.h"
 #include "engine/model_config.h"
 #include "engine/scheduler.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 #include "memory/kv_ledger.h"
 
@@ -95,8 +96,9 @@ class PyEngine {
  public:
   // The engine first: it checks the config on the host before touching the device, so a bad
   // option names its field even without a GPU.
-  PyEngine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft)
-      : engine_(std::make_unique<Engine>(weights, config, draft)) {
+  PyEngine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft,
+           const EagleWeights* eagle)
+      : engine_(std::make_unique<Engine>(weights, config, draft, eagle)) {
     GD_CUDA(cudaGetDevice(&device_));
   }
 
@@ -304,6 +306,35 @@ NB_MODULE(_graphdecode, m) {
         return names;
       });
 
+  nb::class_<EagleWeights>(m, "EagleHead",
+                           "An EAGLE-1/2 draft head in host memory (bf16): fc over the token "
+                           "embedding and the target's hidden state, one decoder layer, the "
+                           "target's lm_head.")
+      .def_static(
+          "load",
+          [](const std::string& dir) {
+            nb::gil_scoped_release release;
+            return load_eagle_head(dir);
+          },
+          "dir"_a, "Reads an EAGLE head directory (config.json + safetensors, EAGLE's names).")
+      .def_static(
+          "synthetic",
+          [](const ModelConfig& target, std::uint64_t seed) {
+            nb::gil_scoped_release release;
+            return synthetic_eagle_weights(target, seed);
+          },
+          "target"_a, "seed"_a = 1, "A seeded random head for a target of this config.")
+      .def_prop_ro("hidden_size", [](const EagleWeights& w) { return w.config.layer.hidden_size; })
+      .def_prop_ro("vocab_size", [](const EagleWeights& w) { return w.config.layer.vocab_size; })
+      .def_prop_ro("fc_bias", [](const EagleWeights& w) { return w.config.fc_bias; })
+      .def_prop_ro("input_norm", [](const EagleWeights& w) { return w.config.input_norm; })
+      .def_prop_ro("own_embedding", [](const EagleWeights& w) { return w.config.own_embedding; })
+      .def_prop_ro("tensor_names", [](const EagleWeights& w) {
+        std::vector<std::string> names;
+        for (const auto& [name, t] : w.tensors) names.push_back(name);
+        return names;
+      });
+
   m.def(
       "check_request",
       [](std::int32_t vocab_size, std::int32_t max_context, nb::handle prompt,
@@ -338,13 +369,13 @@ NB_MODULE(_graphdecode, m) {
   nb::class_<PyEngine>(m, "Engine", "The decode engine (use graphdecode.Engine).")
       .def(
           "__init__",
-          [](PyEngine* self, const HostWeights& weights, nb::dict options,
-             const HostWeights* draft) {
+          [](PyEngine* self, const HostWeights& weights, nb::dict options, const HostWeights* draft,
+             const EagleWeights* eagle) {
             const EngineConfig config = py::engine_config(options);
             nb::gil_scoped_release release;  // upload, allocation, graph capture
-            new (self) PyEngine(weights, config, draft);
+            new (self) PyEngine(weights, config, draft, eagle);
           },
-          "weights"_a, "options"_a, "draft"_a = nb::none())
+          "weights"_a, "options"_a, "draft"_a = nb::none(), "eagle"_a = nb::none())
       .def(
           "submit",
           [](PyEngine& e, nb::handle prompt, nb::handle max_new_tokens, nb::handle stop_tokens,

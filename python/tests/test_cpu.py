@@ -236,6 +236,16 @@ def test_bad_engine_options_name_the_field(kwargs, field):
     assert field_of(gd.check_engine_options, **kwargs) == field
 
 
+def test_eagle_heads_load_and_name_their_faults(tmp_path):
+    head = gd.EagleHead.synthetic(SMALL, seed=3)
+    assert (head.hidden_size, head.vocab_size) == (SMALL.hidden_size, SMALL.vocab_size)
+    assert head.fc_bias and not head.input_norm and not head.own_embedding
+    assert "fc.weight" in head.tensor_names and "layers.0.mlp.down_proj.weight" in head.tensor_names
+    assert field_of(gd.EagleHead.load, str(tmp_path / "missing")) == "path"
+    gd.check_engine_options(speculative=gd.Speculative(max_draft_tokens=3, proposer="eagle"))
+    assert field_of(gd.Engine, gd.Weights.synthetic(SMALL, seed=1), eagle=42) == "eagle"
+
+
 def test_good_engine_options_convert():
     gd.check_engine_options(max_encoder_len=1600, cross_pages=400)
     gd.check_engine_options(max_batch=8, max_context=512, use_graphs=False, deterministic=True,

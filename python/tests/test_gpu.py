@@ -234,6 +234,22 @@ def test_draft_model_speculation_with_the_target_as_draft(weights, engine, use_g
         assert s.spec_steps > 0 and all(us > 0 for us in s.spec_phase_us)
 
 
+@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graphs"])
+def test_eagle_speculation_keeps_greedy_tokens(weights, engine, use_graphs):
+    prompts = [prompt(9), prompt(21, 4), prompt(1)]
+    plain = engine.generate(prompts, max_new_tokens=10)
+    head = gd.EagleHead.synthetic(weights.config, seed=5)
+    spec = gd.Speculative(max_draft_tokens=3, proposer="eagle")
+    with gd.Engine(weights, eagle=head, speculative=spec, use_graphs=use_graphs, **OPTS) as e:
+        assert e.generate(prompts, max_new_tokens=10) == plain  # a random head: drafts rejected
+        s = e.stats()
+        assert s.spec_rows > 0 and len(s.drafted_at) == 3
+    with pytest.raises(gd.Error) as info:  # the head must fit the target
+        gd.Engine(weights, eagle=gd.EagleHead.synthetic(gd.ModelConfig.llama_1b()),
+                  speculative=spec, **OPTS)
+    assert info.value.field == "eagle.hidden_size"
+
+
 def test_hugging_face_checkpoint_matches_transformers(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

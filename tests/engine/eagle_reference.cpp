@@ -1,0 +1,149 @@
+#include "eagle_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/kernels/rope_freqs.h"
+#include "engine/llama_model.h"
+
+namespace graphdecode::testing {
+namespace {
+
+using Vec = std::vector<double>;
+
+double bf16(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+Vec vec(const HostTensor& t) {
+  Vec v(t.data.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16(t.data[i]);
+  return v;
+}
+
+Vec linear(const Vec& w, const Vec& x, std::size_t out, const Vec* b = nullptr) {
+  const std::size_t in = x.size();
+  Vec y(out, 0.0);
+  for (std::size_t o = 0; o < out; ++o) {
+    double s = 0;
+    for (std::size_t i = 0; i < in; ++i) s += w[o * in + i] * x[i];
+    y[o] = s + (b ? (*b)[o] : 0.0);
+  }
+  return y;
+}
+
+Vec rmsnormed(const Vec& x, const Vec& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  Vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+void rope(Vec& x, std::size_t heads, std::size_t d, std::int64_t pos, const Vec& inv_freq) {
+  const std::size_t h2 = d / 2;
+  for (std::size_t h = 0; h < heads; ++h) {
+    double* p = x.data() + h * d;
+    for (std::size_t i = 0; i < h2; ++i) {
+      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
+      const double c = std::cos(a), s = std::sin(a);
+      const double x0 = p[i], x1 = p[i + h2];
+      p[i] = x0 * c - x1 * s;
+      p[i + h2] = x1 * c + x0 * s;
+    }
+  }
+}
+
+const HostTensor* maybe(const EagleWeights& w, const char* name) {
+  return w.find(name);
+}
+
+}  // namespace
+
+std::vector<EagleReferenceRow> reference_eagle(const EagleWeights& head, const HostWeights& target,
+                                               std::span<const std::int32_t> tokens,
+                                               const std::vector<std::vector<double>>& hidden,
+                                               std::size_t first) {
+  const ModelConfig& c = head.config.layer;
+  const auto H = static_cast<std::size_t>(c.hidden_size);
+  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
+  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const auto inter = static_cast<std::size_t>(c.intermediate_size);
+  const auto V = static_cast<std::size_t>(c.vocab_size);
+  const double eps = c.rms_norm_eps;
+  const HostTensor& embed = head.config.own_embedding ? head.at("embed_tokens.weight")
+                                                      : target.at("model.embed_tokens.weight");
+  const HostTensor& lm = target.config.tie_word_embeddings ? target.at("model.embed_tokens.weight")
+                                                           : target.at("lm_head.weight");
+  const Vec fc = vec(head.at("fc.weight"));
+  const Vec fc_b = head.config.fc_bias ? vec(head.at("fc.bias")) : Vec(H, 0.0);
+  const HostTensor* in_norm = maybe(head, "layers.0.input_layernorm.weight");
+  const Vec wq = vec(head.at("layers.0.self_attn.q_proj.weight"));
+  const Vec wk = vec(head.at("layers.0.self_attn.k_proj.weight"));
+  const Vec wv = vec(head.at("layers.0.self_attn.v_proj.weight"));
+  const Vec wo = vec(head.at("layers.0.self_attn.o_proj.weight"));
+  const Vec post = vec(head.at("layers.0.post_attention_layernorm.weight"));
+  const Vec wg = vec(head.at("layers.0.mlp.gate_proj.weight"));
+  const Vec wu = vec(head.at("layers.0.mlp.up_proj.weight"));
+  const Vec wd = vec(head.at("layers.0.mlp.down_proj.weight"));
+  const Vec lm_w = vec(lm);
+  const Vec inv_freq = rope_inv_freq(llama_rope_config(c));
+  const std::size_t n = tokens.size();
+  std::vector<Vec> x(n), q(n), k(n), v(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    Vec cat(2 * H);
+    const auto t = static_cast<std::size_t>(tokens[j]);
+    for (std::size_t i = 0; i < H; ++i) cat[i] = bf16(embed.data[t * H + i]);
+    for (std::size_t i = 0; i < H; ++i) cat[H + i] = hidden[j][i];
+    x[j] = linear(fc, cat, H, &fc_b);
+    const Vec a = in_norm ? rmsnormed(x[j], vec(*in_norm), eps) : x[j];
+    q[j] = linear(wq, a, hq * d);
+    k[j] = linear(wk, a, hkv * d);
+    v[j] = linear(wv, a, hkv * d);
+    rope(q[j], hq, d, static_cast<std::int64_t>(j), inv_freq);
+    rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
+  }
+  std::vector<EagleReferenceRow> out;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (std::size_t j = first; j < n; ++j) {
+    Vec attn(hq * d, 0.0);
+    for (std::size_t h = 0; h < hq; ++h) {
+      const std::size_t g = h / (hq / hkv);
+      Vec s(j + 1);
+      double mx = -1e300;
+      for (std::size_t m = 0; m <= j; ++m) {
+        double dot = 0;
+        for (std::size_t i = 0; i < d; ++i) dot += q[j][h * d + i] * k[m][g * d + i];
+        s[m] = dot * scale;
+        mx = std::max(mx, s[m]);
+      }
+      double den = 0;
+      for (double& e : s) den += (e = std::exp(e - mx));
+      for (std::size_t m = 0; m <= j; ++m)
+        for (std::size_t i = 0; i < d; ++i) attn[h * d + i] += s[m] / den * v[m][g * d + i];
+    }
+    const Vec o = linear(wo, attn, H);
+    Vec r(H);
+    for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
+    const Vec hn = rmsnormed(r, post, eps);
+    const Vec gt = linear(wg, hn, inter);
+    const Vec up = linear(wu, hn, inter);
+    Vec act(inter);
+    for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
+    const Vec m = linear(wd, act, H);
+    EagleReferenceRow row;
+    row.y.resize(H);
+    for (std::size_t i = 0; i < H; ++i) row.y[i] = r[i] + m[i];
+    row.logits = linear(lm_w, row.y, V);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+}  // namespace graphdecode::testing

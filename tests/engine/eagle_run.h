@@ -1,0 +1,174 @@
+// Test support: a target and an EAGLE head in one speculative step program (SpecStep with an
+// EagleProposer on one step context), driven like the engine drives it: the host book of each
+// request (engine/spec/spec_book.h), one image and one read-back per step.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "common/stream.h"
+#include "engine/llama_model.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
+#include "engine/spec/eagle_proposer.h"
+#include "engine/spec/spec_book.h"
+#include "engine/spec/spec_step.h"
+#include "graphs/step_graphs.h"
+
+namespace graphdecode::testing {
+
+struct EagleRun {
+  RuntimeOptions options;
+  StepCapacity cap;
+  Stream stream;
+  std::unique_ptr<StepContext> step;
+  std::unique_ptr<ModelRuntime> target_rt, head_rt;
+  std::unique_ptr<LlamaModel> target;
+  std::unique_ptr<SpecStep> program;
+  std::unique_ptr<EagleProposer> proposer;
+  std::unique_ptr<StepGraphs> graphs;
+  std::vector<std::int32_t> published;
+  std::int64_t drafted = 0, accepted = 0, steps = 0, graph_steps = 0;
+
+  EagleRun(const HostWeights& t, const EagleWeights& h, std::int32_t max_batch, std::int32_t k_max,
+           bool use_graphs) {
+    options.max_batch = max_batch;
+    options.max_tokens = 256;
+    options.max_kv_len = 256;
+    options.max_logit_rows = max_batch * (k_max + 1);
+    const std::vector<AttentionLayout> models = {llama_attention_layout(t.config),
+                                                 llama_attention_layout(h.config.layer)};
+    cap = step_capacity(options, models);
+    cap.aux_words = SamplingWords::kCount;
+    cap.max_draft_tokens = k_max;
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
+    target_rt = std::make_unique<ModelRuntime>(models[0], options, *step, 0, stream.get());
+    head_rt = std::make_unique<ModelRuntime>(models[1], options, *step, 1, stream.get());
+    target = std::make_unique<LlamaModel>(t, options, stream.get());
+    target->enable_hidden_states(stream.get());
+    program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
+    proposer = std::make_unique<EagleProposer>(*head_rt, h, *target, options, stream.get());
+    program->set_proposer(*proposer);
+    StepGraphsConfig gc;
+    gc.use_graphs = use_graphs;
+    for (std::int32_t k = 0; k <= k_max; ++k) gc.modes.push_back({StepMode::kSpeculative, k});
+    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    graphs->capture(stream.get());
+    published.resize(static_cast<std::size_t>(max_batch) * program->stride() + 1);
+  }
+
+  void run(StepDesc& d, std::vector<std::int32_t>& aux) {
+    aux.assign(d.requests.size() * SamplingWords::kCount, 0);
+    for (std::size_t r = 0; r < d.requests.size(); ++r)
+      SamplingWords::write(
+          SamplingParams{}, -1,
+          std::span<std::int32_t>(aux).subspan(r * SamplingWords::kCount, SamplingWords::kCount));
+    d.aux = aux;
+    step->attach_commands(d);
+    graph_steps += graphs->step(d, stream.get()) == StepPath::kGraph;
+    ++steps;
+    step->ledger().clear_commands();
+    GD_CUDA(cudaMemcpyAsync(published.data(), program->published(),
+                            published.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                            stream.get()));
+    GD_CUDA(cudaStreamSynchronize(stream.get()));
+    ASSERT_EQ(published.back(), 0) << "a model saw a token id outside the vocabulary";
+  }
+
+  std::span<const std::int32_t> committed(std::size_t r) const {
+    const std::int32_t* row = published.data() + r * program->stride();
+    return {row + 1, static_cast<std::size_t>(row[0])};
+  }
+
+  template <typename T>
+  std::vector<T> download(const T* p, std::size_t n) {
+    std::vector<T> h(n);
+    GD_CUDA(cudaMemcpyAsync(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream.get()));
+    GD_CUDA(cudaStreamSynchronize(stream.get()));
+    return h;
+  }
+
+  // The prefill of `prompts` (one step): slots and book states out.
+  void prefill(const std::vector<std::vector<std::int32_t>>& prompts, std::vector<StepRequest>& req,
+               std::vector<SpecRequestState>& state) {
+    KvLedger& ledger = step->ledger();
+    std::vector<std::int32_t> ids, aux;
+    req.assign(prompts.size(), StepRequest{});
+    state.assign(prompts.size(), SpecRequestState{});
+    for (std::size_t r = 0; r < prompts.size(); ++r) {
+      req[r].slot = ledger.acquire();
+      req[r].extend_len = static_cast<std::int32_t>(prompts[r].size());
+      ledger.extend(req[r].slot, req[r].extend_len);  // both models
+      ids.insert(ids.end(), prompts[r].begin(), prompts[r].end());
+    }
+    StepDesc d;
+    d.mode = StepMode::kExtend;
+    d.requests = req;
+    d.token_ids = ids;
+    run(d, aux);
+    for (std::size_t r = 0; r < prompts.size(); ++r) {
+      const auto c = committed(r);
+      const auto len = static_cast<std::int32_t>(prompts[r].size());
+      state[r] = SpecRequestState{len, len, {c.begin(), c.end()}};
+    }
+  }
+
+  // One speculative step of k drafts; the committed tokens per request out.
+  std::vector<std::vector<std::int32_t>> speculate(std::vector<StepRequest>& req,
+                                                   std::vector<SpecRequestState>& state,
+                                                   std::int32_t k) {
+    KvLedger& ledger = step->ledger();
+    std::vector<std::int32_t> ids, aux;
+    for (std::size_t r = 0; r < req.size(); ++r) {
+      reserve_spec_step(ledger, req[r].slot, state[r], k);
+      req[r].prefix_len = state[r].draft_cached;
+      req[r].extend_len = static_cast<std::int32_t>(state[r].pending.size());
+      ids.insert(ids.end(), state[r].pending.begin(), state[r].pending.end());
+    }
+    StepDesc sd;
+    sd.mode = StepMode::kSpeculative;
+    sd.tokens_per_request = k;
+    sd.requests = req;
+    sd.token_ids = ids;
+    run(sd, aux);
+    std::vector<std::vector<std::int32_t>> out;
+    for (std::size_t r = 0; r < req.size(); ++r) {
+      const auto c = committed(r);
+      EXPECT_GE(c.size(), 1u);
+      EXPECT_LE(c.size(), static_cast<std::size_t>(k + 1));
+      drafted += k;
+      accepted += static_cast<std::int64_t>(c.size()) - 1;
+      commit_spec_step(ledger, req[r].slot, state[r], c);
+      out.emplace_back(c.begin(), c.end());
+    }
+    return out;
+  }
+
+  std::vector<std::vector<std::int32_t>> generate(
+      const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t new_tokens,
+      const std::function<std::int32_t(std::int64_t)>& k_of) {
+    std::vector<StepRequest> req;
+    std::vector<SpecRequestState> state;
+    prefill(prompts, req, state);
+    std::vector<std::vector<std::int32_t>> out(prompts.size());
+    for (std::size_t r = 0; r < prompts.size(); ++r) out[r] = state[r].pending;
+    for (std::int64_t s = 0;; ++s) {
+      bool done = true;
+      for (const auto& o : out) done &= static_cast<std::int32_t>(o.size()) >= new_tokens;
+      if (done) break;
+      const auto c = speculate(req, state, k_of(s));
+      for (std::size_t r = 0; r < req.size(); ++r)
+        out[r].insert(out[r].end(), c[r].begin(), c[r].end());
+    }
+    for (auto& o : out) o.resize(static_cast<std::size_t>(new_tokens));
+    return out;
+  }
+};
+
+}  // namespace graphdecode::testing
