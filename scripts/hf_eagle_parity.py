@@ -196,6 +196,10 @@ def simulate_ours(head, target, prompts, new_tokens, k):
     while min(len(s) - len(p) for s, p in zip(seqs, prompts)) < new_tokens:
         step = {"drafts": [], "committed": []}
         for r, s in enumerate(seqs):
+            if len(s) - len(prompts[r]) >= new_tokens:  # done: sits the step out, as ours does
+                step["drafts"].append([])
+                step["committed"].append([])
+                continue
             drafts, _ = torch_drafts(head, target, s, k)
             ids = torch.tensor([s + drafts], device=target.lm_head.weight.device)
             picks = target(input_ids=ids).logits[0, len(s) - 1:].argmax(-1).tolist()
@@ -209,8 +213,8 @@ def simulate_ours(head, target, prompts, new_tokens, k):
         steps.append(step)
     for s, p in zip(seqs, prompts):
         tokens.append(s[len(p):len(p) + new_tokens])
-    drafted = k * len(prompts) * len(steps)
-    accepted = sum(len(c) - 1 for st in steps for c in st["committed"])
+    drafted = k * sum(1 for st in steps for c in st["committed"] if c)
+    accepted = sum(len(c) - 1 for st in steps for c in st["committed"] if c)
     return {"tokens": tokens, "steps": steps, "drafted": drafted, "accepted": accepted}
 
 
@@ -222,8 +226,10 @@ def compare_drafts(head, target, prompts, meta, k, tol_rel):
     near, bad = [], []
     for s, step in enumerate(meta["steps"]):
         for r in range(len(prompts)):
-            want, gaps = torch_drafts(head, target, seqs[r], k)
             got = step["drafts"][r]
+            if not got:  # the request already had its new tokens: it sat this step out
+                continue
+            want, gaps = torch_drafts(head, target, seqs[r], k)
             for j in range(k):
                 compared += 1
                 if got[j] == want[j]:

@@ -116,26 +116,34 @@ int run_eagle_steps(const HostWeights& target, const EagleWeights& head,
   while (std::any_of(tokens.begin(), tokens.end(), [&](const auto& t) {
     return static_cast<std::int32_t>(t.size()) < new_tokens;
   })) {
+    // Only requests still short of new_tokens take part (a finished one would grow past the
+    // runtime's max_kv_len); the JSON keeps every request's row per step (empty when done).
     ids.clear();
+    std::vector<std::size_t> active;
+    std::vector<StepRequest> sreq;
     for (std::size_t r = 0; r < prompts.size(); ++r) {
+      if (static_cast<std::int32_t>(tokens[r].size()) >= new_tokens) continue;
       reserve_spec_step(ledger, req[r].slot, state[r], k);
       req[r].prefix_len = state[r].draft_cached;
       req[r].extend_len = static_cast<std::int32_t>(state[r].pending.size());
       ids.insert(ids.end(), state[r].pending.begin(), state[r].pending.end());
+      active.push_back(r);
+      sreq.push_back(req[r]);
     }
     StepDesc sd;
     sd.mode = StepMode::kSpeculative;
     sd.tokens_per_request = k;
-    sd.requests = req;
+    sd.requests = sreq;
     sd.token_ids = ids;
     run(sd);
     program.spec_prep().download(0, vblock, stream.get());
     const StepMetaView v = StepMetaView::over(vblock.data(), step.prep().layout());
     std::vector<std::vector<std::int32_t>> drafts(prompts.size()), comm(prompts.size());
-    for (std::size_t r = 0; r < prompts.size(); ++r) {
-      const std::int32_t* row = v.token_id + r * static_cast<std::size_t>(k + 1);
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      const std::size_t r = active[i];
+      const std::int32_t* row = v.token_id + i * static_cast<std::size_t>(k + 1);
       drafts[r].assign(row + 1, row + 1 + k);
-      comm[r] = committed(r);
+      comm[r] = committed(i);
       drafted += k;
       accepted += static_cast<std::int64_t>(comm[r].size()) - 1;
       commit_spec_step(ledger, req[r].slot, state[r], comm[r]);
