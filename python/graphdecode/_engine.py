@@ -291,6 +291,7 @@ class Engine:
                temperature: Optional[float] = None, top_k: Optional[int] = None,
                top_p: Optional[float] = None, seed: Optional[int] = None,
                speculate: bool = True, encoder_states: Any = None,
+               encoder_id: Optional[int] = None,
                on_token: Optional[TokenCallback] = None) -> Request:
         """Queues a request and returns its handle (iterate it for its tokens).
 
@@ -305,6 +306,9 @@ class Engine:
         copied at submit; device states are read when the request is admitted, so the request
         keeps a reference until it finishes (do not write to them meanwhile). A torch CUDA
         tensor's current stream is synchronized first, so pending writes to it are complete.
+        encoder_id (prefix cache): names the encoder states, e.g. an image hash; requests with the
+        same nonzero id must carry identical states and then share their text prefix's KV pages
+        (requests with states and no id share nothing).
         Raises ``graphdecode.Error`` naming the field of a bad request.
         """
         params = _sampling_dict(sampling, dict(temperature=temperature, top_k=top_k,
@@ -319,7 +323,7 @@ class Engine:
 
             torch.cuda.current_stream(encoder_states.device).synchronize()
         request_id = self._core.submit(prompt, max_new_tokens, stop_tokens, params, speculate,
-                                       encoder_states)
+                                       encoder_states, encoder_id)
         request = Request(self, request_id, len(prompt), on_token)
         if on_device or hasattr(encoder_states, "__cuda_array_interface__"):
             request._encoder_states = encoder_states

@@ -379,12 +379,14 @@ NB_MODULE(_graphdecode, m) {
       .def(
           "submit",
           [](PyEngine& e, nb::handle prompt, nb::handle max_new_tokens, nb::handle stop_tokens,
-             nb::dict sampling, nb::handle speculate, nb::handle encoder_states) {
+             nb::dict sampling, nb::handle speculate, nb::handle encoder_states,
+             nb::handle encoder_id) {
             RequestSpec spec =
                 py::request_spec(prompt, max_new_tokens, stop_tokens, sampling, speculate);
             PyEngine& engine = py::open(e);
             int device_id = -1;
             spec.encoder = py::encoder_states(encoder_states, "encoder_states", device_id);
+            if (!encoder_id.is_none()) spec.encoder_id = py::to_u64(encoder_id, "encoder_id");
             GD_REQUIRE(device_id < 0 || device_id == engine.device(), "encoder_states",
                        "cuda:" + std::to_string(device_id),
                        "must be on the engine's device (cuda:" + std::to_string(engine.device()) +
@@ -395,7 +397,7 @@ NB_MODULE(_graphdecode, m) {
             return engine.submit(std::move(spec));
           },
           "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a, "sampling"_a, "speculate"_a,
-          "encoder_states"_a = nb::none())
+          "encoder_states"_a = nb::none(), "encoder_id"_a = nb::none())
       .def(
           "step",
           [](PyEngine& e) {

@@ -308,3 +308,14 @@ def test_encoder_states_from_torch_on_the_device_and_the_host():
                                                             dtype=torch.bfloat16).cuda())
         assert info.value.field == "encoder.length"
         assert len(e.submit(prompts[1], max_new_tokens=3, encoder_states=states[1]).result()) == 3
+        # Requests naming identical states share their text prefix's pages (prefix cache).
+        long_prompt = [cfg.vocab_size] + prompt(47, 3)
+        for expect_hit in (False, True):
+            before = e.stats().prefix_hit_tokens
+            r = e.submit(long_prompt, max_new_tokens=4, encoder_states=states[2].cuda(),
+                         encoder_id=42)
+            assert len(r.result()) == 4
+            assert (e.stats().prefix_hit_tokens > before) == expect_hit
+        with pytest.raises(gd.Error) as info:
+            e.submit(prompts[0], encoder_states=states[0], encoder_id=-1)
+        assert info.value.field == "encoder_id"
