@@ -18,6 +18,7 @@
 #include "engine/weights.h"
 #include "memory/kv_ledger.h"
 #include "safetensors_writer.h"
+#include "support/field_of.h"
 
 namespace graphdecode {
 namespace {
@@ -76,14 +77,7 @@ std::vector<AttentionKind> kinds(const ModelConfig& c) {
   return k;
 }
 
-std::string field_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.field();
-  }
-  return "<no error>";
-}
+using testing::field_of;
 
 TEST(MllamaConfig, CausalLmConfig) {
   const ModelConfig c = ModelConfig::from_json_text(kCausal);

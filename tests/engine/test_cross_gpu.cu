@@ -40,12 +40,20 @@
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/step_context.h"
 #include "engine/weights.h"
+#include "engine_checks.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
+#include "support/field_of.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
 namespace {
+
+using testing::collect;
+using testing::Collected;
+using testing::expect_greedy_confirmed;
+using testing::field_of;
+using testing::random_prompt;
 
 class CrossGpu : public testing::GpuTest {};
 
@@ -57,12 +65,6 @@ States random_states(testing::Rng& rng, std::int32_t len, std::int32_t hidden) {
   States s(static_cast<std::size_t>(len) * hidden);
   for (auto& x : s) x = reference::float_to_bf16(n(rng));
   return s;
-}
-
-std::vector<std::int32_t> random_prompt(testing::Rng& rng, std::int32_t len, std::int32_t vocab) {
-  std::vector<std::int32_t> p(static_cast<std::size_t>(len));
-  for (auto& t : p) t = std::uniform_int_distribution<std::int32_t>(0, vocab - 1)(rng);
-  return p;
 }
 
 // One step's logits row against the float64 reference: relative L2 < 3% and max error < 5% of the
@@ -507,47 +509,6 @@ TEST_F(CrossGpu, CrossRowKernelsMatchTheirDefinitions) {
 
 // --- the Engine ---------------------------------------------------------------------------------
 
-struct Collected {
-  std::map<RequestId, std::vector<std::int32_t>> tokens;
-  std::map<RequestId, int> finished;
-};
-
-TokenCallback collect(Collected& c) {
-  return [&c](const TokenEvent& e) {
-    EXPECT_EQ(c.finished[e.id], 0) << "token after the finish event of request " << e.id;
-    c.tokens[e.id].push_back(e.token);
-    if (e.finished) ++c.finished[e.id];
-  };
-}
-
-// test_engine_gpu's check with the request's encoder states: every generated token within 3% of
-// the reference maximum of the reference's best, and exactly its argmax where the top-2 gap is
-// larger.
-void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
-                             const testing::ReferenceEncoder& enc,
-                             const std::vector<std::int32_t>& generated, const std::string& what) {
-  ASSERT_FALSE(generated.empty()) << what;
-  std::vector<std::int32_t> seq = prompt;
-  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
-  const auto ref = testing::reference_logits(w, seq, prompt.size() - 1, enc);
-  ASSERT_EQ(ref.size(), generated.size()) << what;
-  for (std::size_t i = 0; i < generated.size(); ++i) {
-    const std::vector<double>& l = ref[i];
-    double scale = 0;
-    for (double v : l) scale = std::max(scale, std::abs(v));
-    const double tol = 0.03 * scale;
-    const auto best = static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    double second = -1e300;
-    for (std::size_t j = 0; j < l.size(); ++j)
-      if (static_cast<std::int32_t>(j) != best) second = std::max(second, l[j]);
-    const double got = l[static_cast<std::size_t>(generated[i])];
-    EXPECT_GE(got, l[static_cast<std::size_t>(best)] - tol)
-        << what << " token " << i << ": picked " << generated[i] << ", reference argmax " << best;
-    if (l[static_cast<std::size_t>(best)] - second > tol)
-      EXPECT_EQ(generated[i], best) << what << " token " << i << " (clear reference argmax)";
-  }
-}
-
 class EngineCross : public CrossGpu, public ::testing::WithParamInterface<bool> {};
 
 // Requests with encoder lengths 0 .. 1100 (host and device states) join and leave between steps
@@ -617,8 +578,9 @@ TEST_P(EngineCross, MixedEncoderLengthsServedAndConfirmedByFloat64Reference) {
     EXPECT_EQ(got.finished[id], 1) << "request " << id;
     EXPECT_EQ(static_cast<std::int32_t>(got.tokens[id].size()), wanted[id]) << "request " << id;
     expect_greedy_confirmed(
-        w, prompts[i], {states[i], lengths[i]}, got.tokens[id],
-        "request " + std::to_string(id) + " (encoder_len " + std::to_string(lengths[i]) + ")");
+        w, prompts[i], got.tokens[id],
+        "request " + std::to_string(id) + " (encoder_len " + std::to_string(lengths[i]) + ")",
+        {states[i], lengths[i]});
   }
   for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p) {
     EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
@@ -669,19 +631,10 @@ TEST_F(CrossGpu, SamplingIsReproducibleAndStopTokensStopWithEncoderStates) {
   ASSERT_EQ(a.size(), 3u);
   EXPECT_EQ(a, b) << "same submissions, same seeds: same tokens";
   EXPECT_EQ(a[1], a[0]) << "top-k 1 must pick the greedy token";
-  expect_greedy_confirmed(w, prompt, {states, 150}, a[0], "greedy request");
+  expect_greedy_confirmed(w, prompt, a[0], "greedy request", {states, 150});
   run(stopped, {a[0][5]});
   const auto stop_at = std::find(a[0].begin(), a[0].end(), a[0][5]) - a[0].begin();
   EXPECT_EQ(stopped[0], std::vector<std::int32_t>(a[0].begin(), a[0].begin() + stop_at + 1));
-}
-
-std::string field_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.field();
-  }
-  return "<no error>";
 }
 
 // Encoder states of the wrong width, longer than the maximum, flagged as device memory while on

@@ -17,6 +17,7 @@
 #include "engine/spec/eagle_weights.h"
 #include "graphs/step_prep.h"
 #include "safetensors_writer.h"
+#include "support/field_of.h"
 
 namespace graphdecode {
 namespace {
@@ -48,15 +49,7 @@ void write_head(const TempDir& dir, const std::string& config, const EagleWeight
 
 const auto keep_all = [](const std::string&) { return true; };
 
-// The Error's field (and that it is one), or "<no error>".
-std::string field_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.field();
-  }
-  return "<no error>";
-}
+using testing::field_of;
 
 TEST(EagleWeights, ExpectedTensorsFollowTheConfig) {
   EagleConfig c = eagle_config_from_json_text(head_json(), "head");

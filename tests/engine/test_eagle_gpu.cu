@@ -36,6 +36,7 @@
 #include "engine/spec/spec_step.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
+#include "support/field_of.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -469,14 +470,7 @@ TEST_F(EagleGpu, EngineRefusesHeadsThatDoNotFit) {
   const ModelConfig config = small_test_config();
   const HostWeights target = synthetic_weights(config, 1);
   const EagleWeights head = synthetic_eagle_weights(config, 2);
-  const auto field_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.field();
-    }
-    return std::string("<no error>");
-  };
+  using testing::field_of;
   EngineConfig ec;
   ec.max_batch = 2;
   ec.max_context = 64;

@@ -18,7 +18,9 @@
 #include "engine/engine.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
+#include "engine_checks.h"
 #include "llama_reference.h"
+#include "support/field_of.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -26,53 +28,11 @@ namespace {
 
 class EngineGpu : public testing::GpuTest {};
 
-struct Collected {
-  std::map<RequestId, std::vector<std::int32_t>> tokens;
-  std::map<RequestId, int> finished;  // finish events per request
-};
-
-TokenCallback collect(Collected& c) {
-  return [&c](const TokenEvent& e) {
-    EXPECT_EQ(c.finished[e.id], 0) << "token after the finish event of request " << e.id;
-    c.tokens[e.id].push_back(e.token);
-    if (e.finished) ++c.finished[e.id];
-  };
-}
-
-std::vector<std::int32_t> random_prompt(testing::Rng& rng, std::int32_t len, std::int32_t vocab) {
-  std::vector<std::int32_t> p(static_cast<std::size_t>(len));
-  for (auto& t : p) t = std::uniform_int_distribution<std::int32_t>(0, vocab - 1)(rng);
-  return p;
-}
-
-// Every generated token against the float64 reference run on the same sequence (teacher forcing
-// on the engine's own tokens): within `tol` of the reference maximum, and exactly the argmax
-// wherever the reference's top-2 gap exceeds `tol` (no near-tie to excuse a different pick).
-void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
-                             const std::vector<std::int32_t>& generated, const std::string& what) {
-  ASSERT_FALSE(generated.empty()) << what;
-  std::vector<std::int32_t> seq = prompt;
-  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
-  const auto ref = testing::reference_logits(w, seq, prompt.size() - 1);
-  ASSERT_EQ(ref.size(), generated.size()) << what;
-  for (std::size_t i = 0; i < generated.size(); ++i) {
-    const std::vector<double>& l = ref[i];
-    double scale = 0;
-    for (double v : l) scale = std::max(scale, std::abs(v));
-    const double tol = 0.03 * scale;
-    const auto best = static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    double second = -1e300;
-    for (std::size_t j = 0; j < l.size(); ++j)
-      if (static_cast<std::int32_t>(j) != best) second = std::max(second, l[j]);
-    const double got = l[static_cast<std::size_t>(generated[i])];
-    EXPECT_GE(got, l[static_cast<std::size_t>(best)] - tol)
-        << what << " token " << i << ": picked " << generated[i] << " (ref " << got
-        << "), reference argmax " << best << " (ref " << l[static_cast<std::size_t>(best)] << ")";
-    if (l[static_cast<std::size_t>(best)] - second > tol) {
-      EXPECT_EQ(generated[i], best) << what << " token " << i << " (clear reference argmax)";
-    }
-  }
-}
+using testing::collect;
+using testing::Collected;
+using testing::expect_greedy_confirmed;
+using testing::field_of;
+using testing::random_prompt;
 
 class EngineContinuousBatching : public EngineGpu, public ::testing::WithParamInterface<bool> {};
 
@@ -385,14 +345,6 @@ TEST_P(EngineCancel, WaitingPrefillAndRunningRequestsLeaveCleanly) {
     EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
     EXPECT_EQ(engine.ledger().reserved_pages(p), 0) << "pool " << p;
   }
-  const auto field_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.field();
-    }
-    return std::string("<no error>");
-  };
   EXPECT_EQ(field_of([&] { engine.cancel(ids[0]); }), "request");  // finished
   EXPECT_EQ(field_of([&] { engine.cancel(12345); }), "request");   // unknown
 }
@@ -550,14 +502,6 @@ TEST_F(EngineGpu, SpeculativeConfigurationErrorsNameTheField) {
   ec.max_batch = 2;
   ec.max_context = 64;
   ec.speculative.max_draft_tokens = 2;
-  const auto field_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.field();
-    }
-    return std::string("<no error>");
-  };
   EXPECT_EQ(field_of([&] { Engine e(w, ec); }), "draft");
   EngineConfig lookup = ec;
   lookup.speculative.proposer = SpecProposer::kNgram;

@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
+#include "engine_checks.h"
 #include "llama_reference.h"
 #include "support/gpu_test.h"
 
@@ -46,31 +47,7 @@ std::vector<std::int32_t> cat(std::vector<std::int32_t> a, const std::vector<std
   return a;
 }
 
-// Every generated token against the float64 reference (teacher forcing on the engine's own
-// tokens): within tol of the reference maximum, and exactly the argmax wherever the reference's
-// top-2 gap exceeds tol. (The same rule as test_engine_gpu.cu.)
-void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
-                             const std::vector<std::int32_t>& generated, const std::string& what) {
-  ASSERT_FALSE(generated.empty()) << what;
-  std::vector<std::int32_t> seq = prompt;
-  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
-  const auto ref = testing::reference_logits(w, seq, prompt.size() - 1);
-  ASSERT_EQ(ref.size(), generated.size()) << what;
-  for (std::size_t i = 0; i < generated.size(); ++i) {
-    const std::vector<double>& l = ref[i];
-    double scale = 0;
-    for (double v : l) scale = std::max(scale, std::abs(v));
-    const double tol = 0.03 * scale;
-    const auto best = static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    double second = -1e300;
-    for (std::size_t j = 0; j < l.size(); ++j)
-      if (static_cast<std::int32_t>(j) != best) second = std::max(second, l[j]);
-    const double got = l[static_cast<std::size_t>(generated[i])];
-    EXPECT_GE(got, l[static_cast<std::size_t>(best)] - tol) << what << " token " << i;
-    if (l[static_cast<std::size_t>(best)] - second > tol)
-      EXPECT_EQ(generated[i], best) << what << " token " << i << " (clear reference argmax)";
-  }
-}
+using testing::expect_greedy_confirmed;
 
 // What a served request produced: its tokens and (when asked) the logits row of every sampled
 // position, read after each step from the model's logits (plain decoding: row i = request i).

@@ -11,6 +11,7 @@
 #include "common/request_rules.h"
 #include "engine/scheduler.h"
 #include "memory/kv_ledger.h"
+#include "support/field_of.h"
 
 namespace graphdecode {
 namespace {
@@ -56,14 +57,7 @@ RequestSpec spec(std::int32_t prompt_len, std::int32_t max_new, std::int32_t fir
   return s;
 }
 
-std::string field_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.field();
-  }
-  return "<no error>";
-}
+using testing::field_of;
 
 TEST(Scheduler, BadRequestsNameTheFieldAndChangeNothing) {
   LedgerSetup setup(8);

@@ -1,0 +1,35 @@
+// What the Engine's GPU tests share: token collection with the one-finish-event check, random
+// prompts, and the float64 confirmation of greedy tokens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attention_check.h"  // Rng
+#include "engine/engine.h"
+#include "engine/weights.h"
+#include "llama_reference.h"
+
+namespace graphdecode::testing {
+
+// Every request's tokens and finish events; collect() fails the test on a token after a finish.
+struct Collected {
+  std::map<RequestId, std::vector<std::int32_t>> tokens;
+  std::map<RequestId, int> finished;  // finish events per request
+};
+TokenCallback collect(Collected& c);
+
+// `len` ids uniform in [0, vocab).
+std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t vocab);
+
+// Every generated token against the float64 reference run on the same sequence (teacher forcing
+// on the engine's own tokens, with the request's encoder states if any): within 3% of the
+// reference maximum of the reference's best, and exactly its argmax wherever the reference's
+// top-2 gap exceeds that (no near-tie to excuse a different pick).
+void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
+                             const std::vector<std::int32_t>& generated, const std::string& what,
+                             const ReferenceEncoder& encoder = {});
+
+}  // namespace graphdecode::testing
