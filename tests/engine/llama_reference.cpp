@@ -7,36 +7,15 @@
 
 #include "engine/kernels/rope_freqs.h"
 #include "engine/llama_model.h"
+#include "reference_math.h"
 
 namespace graphdecode::testing {
 namespace {
 
-using Vec = std::vector<double>;
-
-double bf16(std::uint16_t b) {
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-Vec vec(const HostTensor& t) {
-  Vec v(t.data.size());
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16(t.data[i]);
-  return v;
-}
-
-// y[o] = sum_i W[o][i] x[i] (+ b[o])
-Vec linear(const Vec& w, const Vec& x, std::size_t out, const Vec* b = nullptr) {
-  const std::size_t in = x.size();
-  Vec y(out, 0.0);
-  for (std::size_t o = 0; o < out; ++o) {
-    double s = 0;
-    for (std::size_t i = 0; i < in; ++i) s += w[o * in + i] * x[i];
-    y[o] = s + (b ? (*b)[o] : 0.0);
-  }
-  return y;
-}
+using refmath::bf16;
+using refmath::linear;
+using refmath::Vec;
+using refmath::vec;
 
 void rmsnorm(Vec& x, std::size_t off, std::size_t n, const Vec& w, double eps) {
   double ss = 0;
