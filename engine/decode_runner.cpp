@@ -50,8 +50,8 @@ void DecodeRunner::admit_encoders(const StepPlan& plan, const Scheduler& schedul
   for (const RequestId id : plan.admitted) {
     const EncoderStates e = scheduler.encoder(id);
     if (e.length == 0) continue;
-    model_->encode(*runtime_, scheduler.slot(id), EncoderStatesView{e.data, e.length, e.on_device},
-                   stream_);
+    model_->encode(*runtime_, scheduler.slot(id),
+                   EncoderStatesView{e.data, e.length, e.on_device, e.first_position}, stream_);
   }
 }
 

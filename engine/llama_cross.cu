@@ -26,9 +26,13 @@ __global__ void __launch_bounds__(kThreads)
   if (i < rows) meta[1 + i] = slot;
 }
 
+__global__ void set_slot_value_kernel(std::int32_t* values, std::int32_t slot, std::int32_t value) {
+  values[slot] = value;
+}
+
 }  // namespace
 
-void LlamaModel::allocate_encoder_staging(cudaStream_t stream) {
+void LlamaModel::allocate_encoder_staging(std::int32_t max_slots, cudaStream_t stream) {
   if (!layout_.has(AttentionKind::kCross)) return;
   GD_REQUIRE(max_encoder_len_ >= 1, "max_encoder_len", max_encoder_len_,
              "the model has cross-attention layers: set the longest encoder input (>= 1)");
@@ -39,6 +43,8 @@ void LlamaModel::allocate_encoder_staging(cudaStream_t stream) {
   enc_k_ = DeviceBuffer<std::uint16_t>(e * kv);
   enc_v_ = DeviceBuffer<std::uint16_t>(e * kv);
   enc_meta_ = DeviceBuffer<std::int32_t>(1 + 2 * e);
+  mlp_from_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_slots));
+  mlp_from_.fill_bytes(0, stream);
   std::vector<std::int32_t> meta(1 + 2 * e, 0);
   for (std::size_t i = 0; i < e; ++i) meta[1 + e + i] = static_cast<std::int32_t>(i);
   enc_meta_.upload(meta.data(), meta.size(), stream);
@@ -48,7 +54,7 @@ void LlamaModel::allocate_encoder_staging(cudaStream_t stream) {
 }
 
 void LlamaModel::add_norm(const StepMetaView& m, const std::uint16_t* gate, const std::uint16_t* w,
-                          std::int32_t rows, cudaStream_t stream) {
+                          std::int32_t rows, bool mlp, cudaStream_t stream) {
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size;
   if (gate == nullptr) {  // a self-attention layer's output: the plain fused add + norm
@@ -61,6 +67,11 @@ void LlamaModel::add_norm(const StepMetaView& m, const std::uint16_t* gate, cons
   a.gate = gate;
   a.token_request = m.token_request;
   a.encoder_len = m.encoder_len;
+  if (mlp) {  // transformers' full_text_row_masked_out_mask: the MLP part only
+    a.token_slot = m.token_slot;
+    a.token_position = m.token_position;
+    a.first_position = mlp_from_.data();
+  }
   a.weight = w;
   a.y = w != nullptr ? normed_.data() : nullptr;
   a.num_rows = num_tokens;
@@ -109,6 +120,8 @@ void LlamaModel::encode(const ModelRuntime& rt, std::int32_t slot, const Encoder
              "outside [0, max_encoder_len = " + std::to_string(max_encoder_len_) + "]");
   if (s.length == 0) return;
   GD_REQUIRE(s.data != nullptr, "encoder.data", "nullptr", "encoder states of length > 0");
+  GD_REQUIRE(s.first_position >= 0, "encoder.first_position", s.first_position,
+             "cannot be negative");
   const AttentionContext first = rt.layer(static_cast<std::int32_t>(
       std::find(layout_.layers.begin(), layout_.layers.end(), AttentionKind::kCross) -
       layout_.layers.begin()));
@@ -125,6 +138,12 @@ void LlamaModel::encode(const ModelRuntime& rt, std::int32_t slot, const Encoder
   }
   encoder_rows_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
                         stream>>>(enc_meta_.data(), slot, n);
+  GD_CHECK_LAUNCH();
+  // The slot's rows before first_position skip the cross MLP from now on (a text-only request
+  // later in this slot is masked whole by its encoder_len 0, whatever this holds).
+  GD_REQUIRE(static_cast<std::size_t>(slot) < mlp_from_.size(), "slot", slot,
+             "beyond the model's slots");
+  set_slot_value_kernel<<<1, 1, 0, stream>>>(mlp_from_.data(), slot, s.first_position);
   GD_CHECK_LAUNCH();
   for (std::int32_t l = 0; l < static_cast<std::int32_t>(layout_.layers.size()); ++l) {
     if (!is_cross(l)) continue;

@@ -82,7 +82,7 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     buf->fill_bytes(0, stream);
   logits_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
-  allocate_encoder_staging(stream);
+  allocate_encoder_staging(options.resolved_max_slots(), stream);
 }
 
 void LlamaModel::enable_hidden_states(cudaStream_t stream) {
@@ -162,7 +162,7 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
   // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
   // normed = norm(residual)
-  add_norm(m, w.attn_gate, w.post_norm, rows, stream);
+  add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
   gemm_.run({normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16},
             stream);
   SwiGluArgs s;
@@ -201,7 +201,7 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     if (l == 0) {
       norm(residual_.data(), nullptr, w.input_norm, normed_.data(), num_tokens, rows, h, stream);
     } else {  // residual += previous MLP output (gated if that layer was a cross layer)
-      add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, stream);
+      add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, /*mlp=*/true, stream);
     }
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
@@ -213,7 +213,8 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.
   const bool last_cross = is_cross(layers - 1);
-  if (last_cross) add_norm(m, weights_.layer(layers - 1).mlp_gate, nullptr, rows, stream);
+  if (last_cross)
+    add_norm(m, weights_.layer(layers - 1).mlp_gate, nullptr, rows, /*mlp=*/true, stream);
 
   if (hidden_.size() > 0) {  // every row's normed state, then the logits rows copied from it
     norm(proj_.data(), residual_.data(), weights_.final_norm(), hidden_.data(), num_tokens, rows, h,

@@ -56,6 +56,10 @@ struct EncoderStatesView {
   const std::uint16_t* data = nullptr;  // host or device memory (on_device)
   std::int32_t length = 0;              // rows (the request's encoder_len)
   bool on_device = false;
+  // Positions before it have no image to attend (transformers' cross_attention_mask rows of zeros
+  // before the first <|image|> token): their cross layers' MLP output is not added (HF keeps the
+  // attention output of those rows, which attend every key). 0: every position counts.
+  std::int32_t first_position = 0;
 };
 
 class LlamaModel {
@@ -118,10 +122,11 @@ class LlamaModel {
   // encoder keys, o projection into proj_.
   void cross_attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
                              std::int32_t rows, cudaStream_t stream);
-  // residual += proj_ (tanh(gate) * proj_ on rows with encoder keys when `gate`); normed_ =
+  // residual += proj_ (tanh(gate) * proj_ on rows with encoder keys when `gate`; for a cross
+  // MLP's output (`mlp`) only on rows at or past their slot's first_position); normed_ =
   // rmsnorm(residual) with `w`; `w` nullptr: the residual update alone.
   void add_norm(const StepMetaView& meta, const std::uint16_t* gate, const std::uint16_t* w,
-                std::int32_t rows, cudaStream_t stream);
+                std::int32_t rows, bool mlp, cudaStream_t stream);
   void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows,
                  cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
@@ -130,7 +135,7 @@ class LlamaModel {
   bool is_cross(std::int32_t layer) const noexcept {
     return layout_.layers[static_cast<std::size_t>(layer)] == AttentionKind::kCross;
   }
-  void allocate_encoder_staging(cudaStream_t stream);
+  void allocate_encoder_staging(std::int32_t max_slots, cudaStream_t stream);
 
   ModelConfig config_;
   AttentionLayout layout_;
@@ -160,6 +165,7 @@ class LlamaModel {
   DeviceBuffer<std::uint16_t> enc_k_;       // [max_encoder_len][kv]
   DeviceBuffer<std::uint16_t> enc_v_;       // [max_encoder_len][kv]
   DeviceBuffer<std::int32_t> enc_meta_;     // [1 + 2 * max_encoder_len]
+  DeviceBuffer<std::int32_t> mlp_from_;     // [max_slots] per slot: first_position of its states
 };
 
 }  // namespace graphdecode

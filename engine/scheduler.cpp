@@ -80,6 +80,10 @@ RequestId Scheduler::submit(RequestSpec spec) {
                "encoder states must have the model's hidden size (" +
                    std::to_string(config_.encoder_width) + ") columns");
     GD_REQUIRE(enc.data != nullptr, "encoder.data", "nullptr", "encoder states of length > 0");
+    GD_REQUIRE(
+        enc.first_position >= 0 && enc.first_position < prompt_len, "encoder.first_position",
+        enc.first_position,
+        "must be a prompt position, in [0, prompt length " + std::to_string(prompt_len) + ")");
   }
   ledger_.require_fits(reservation(spec));
 

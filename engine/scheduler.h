@@ -63,6 +63,10 @@ struct EncoderStates {
   std::int32_t length = 0;              // encoder_len: 0 = a text-only request
   std::int32_t width = 0;               // columns: must be the model's hidden size
   bool on_device = false;               // data is CUDA device memory (else host memory)
+  // The prompt position of the request's first <|image|> token: rows before it have no image to
+  // attend (transformers' cross_attention_mask), so the cross layers' MLP output is not added to
+  // them (their gated attention output is, as in transformers). 0: every row sees the states.
+  std::int32_t first_position = 0;
 };
 
 struct RequestSpec {

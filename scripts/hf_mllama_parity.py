@@ -57,8 +57,12 @@ CHAIN_BLOCKS = 8
 CLASSES = 8                  # image class c: chain step 2c + 1
 NOISE = 0.5
 TRAIN_MAX_LEN = 1200         # encoder lengths drawn in training: log-uniform in [1, 1200]
-# The parity batch: (encoder length, prompt length); 0 = text only.
-REQUESTS = [(17, 6), (0, 17), (1, 9), (64, 33), (1100, 40), (0, 5)]
+# The parity batch: (encoder length, prompt length, text tokens before <|image|>); 0 = text only.
+# The last two start with text (a chat template's header): transformers' vision flow masks those
+# rows (full_text_row_masked_out_mask: their cross MLP term is dropped).
+REQUESTS = [(17, 6, 0), (0, 17, 0), (1, 9, 0), (64, 33, 0), (1100, 40, 0), (0, 5, 0), (17, 12, 3),
+            (64, 20, 6)]
+MAX_PREFIX = 6               # training: 0..6 text tokens before <|image|> on half of the rows
 
 
 def make_model(seed):
@@ -104,14 +108,32 @@ def chain(start, step, length):
     return [base + (start - base + step * t) % BLOCK for t in range(length)]
 
 
+def text_prefix(n, gen):
+    """n ids of the text task's blocks (what a template header would be: not the chain's)."""
+    return [int(t) for t in torch.randint(2 * BLOCK, CHAIN_BASE, (n,), generator=gen)]
+
+
+def row_mask(prefixes, length):
+    """transformers' full_text_row_masked_out_mask [B, 1, length, 1]: 0 on rows before the image."""
+    m = torch.ones(len(prefixes), 1, length, 1)
+    for b, n in enumerate(prefixes):
+        m[b, 0, :n, 0] = 0
+    return m
+
+
 def image_batch(batch, length, gen):
     cls = torch.randint(0, CLASSES, (batch,), generator=gen)
     start = CHAIN_BASE + torch.randint(0, CHAIN_BLOCKS * BLOCK, (batch,), generator=gen)
-    rows = [[IMAGE_TOKEN] + chain(int(s), 2 * int(c) + 1, length - 1) for s, c in zip(start, cls)]
+    # Half of the rows start with 1..MAX_PREFIX text tokens, masked as transformers masks them.
+    prefixes = [int(torch.randint(1, MAX_PREFIX + 1, (1,), generator=gen)) if b % 2 else 0
+                for b in range(batch)]
+    rows = [(text_prefix(n, gen) + [IMAGE_TOKEN] + chain(int(s), 2 * int(c) + 1, length))[:length]
+            for s, c, n in zip(start, cls, prefixes)]
     x = torch.tensor(rows)
     mask = torch.ones(batch, length - 1, dtype=torch.bool)
-    mask[:, 0] = False  # the first chain id after <|image|> is free
-    return x, mask, cls
+    for b, n in enumerate(prefixes):
+        mask[b, :n + 1] = False  # the prefix, the image token and the first chain id are free
+    return x, mask, cls, row_mask(prefixes, length)
 
 
 def train(model, codes, steps, batch, seq_len, device, seed, lr=2e-3):
@@ -124,15 +146,16 @@ def train(model, codes, steps, batch, seq_len, device, seed, lr=2e-3):
 
     def losses(n):
         xt, mt = text_batch(n, seq_len, gen)
-        xi, mi, cls = image_batch(n, seq_len, gen)
+        xi, mi, cls, rows_i = image_batch(n, seq_len, gen)
         u = float(torch.rand(1, generator=gen))
         length = max(1, min(TRAIN_MAX_LEN, int(round(TRAIN_MAX_LEN ** u))))
         st = encoder_states(codes, cls, length, gen).to(device)
         out = []
-        for x, m, states in ((xt, mt, None), (xi, mi, st)):
+        for x, m, states, rows in ((xt, mt, None, None), (xi, mi, st, rows_i)):
             x, m = x.to(device), m.to(device)
+            rows = None if rows is None else rows.to(device)
             logits = model(input_ids=x, cross_attention_states=states,
-                           use_cache=False).logits[:, :-1].float()
+                           full_text_row_masked_out_mask=rows, use_cache=False).logits[:, :-1].float()
             tgt = x[:, 1:]
             out.append((torch.nn.functional.cross_entropy(logits[m], tgt[m]),
                         (logits.argmax(-1) == tgt)[m].float().mean().item()))
@@ -160,7 +183,7 @@ def make_requests(codes, new_tokens, rng):
     """The parity batch: prompts, expected continuations, encoder states [len, HIDDEN] or None."""
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     prompts, expected, states, what = [], [], [], []
-    for enc_len, n in REQUESTS:
+    for enc_len, n, prefix in REQUESTS:
         if enc_len == 0:
             p = int(rng.integers(2, min(MAX_PERIOD, n) + 1))
             pattern = rng.permutation(BLOCK)[:p] + BLOCK * p
@@ -170,25 +193,30 @@ def make_requests(codes, new_tokens, rng):
         else:
             c = int(rng.integers(CLASSES))
             start = CHAIN_BASE + int(rng.integers(CHAIN_BLOCKS * BLOCK))
-            seq = [IMAGE_TOKEN] + chain(start, 2 * c + 1, n - 1 + new_tokens)
+            seq = (text_prefix(prefix, gen) + [IMAGE_TOKEN] +
+                   chain(start, 2 * c + 1, n - 1 - prefix + new_tokens))
             states.append(encoder_states(codes, torch.tensor([c]), enc_len, gen)[0])
-            what.append(f"image c={c}")
+            what.append(f"image c={c}" + (f" +{prefix}" if prefix else ""))
         prompts.append(seq[:n])
         expected.append(seq[n:])
     return prompts, expected, states, what
 
 
-def hf_generate(model, prompts, states, new_tokens, dtype, device):
-    """Greedy, no cache: each step recomputes the sequence with the request's own states."""
+def hf_generate(model, prompts, states, new_tokens, dtype, device, prefixes):
+    """Greedy, no cache: each step recomputes the sequence with the request's own states (and
+    transformers' row mask where text precedes the image)."""
     toks, logits = [], []
     with torch.no_grad():
-        for p, st in zip(prompts, states):
+        for p, st, prefix in zip(prompts, states, prefixes):
             seq = list(p)
             cross = None if st is None else st[None].to(device=device, dtype=dtype)
             out_t, out_l = [], []
             for _ in range(new_tokens):
                 ids = torch.tensor([seq], device=device)
+                rows = (row_mask([prefix], len(seq)).to(device=device, dtype=dtype)
+                        if cross is not None and prefix else None)
                 last = model(input_ids=ids, cross_attention_states=cross,
+                             full_text_row_masked_out_mask=rows,
                              use_cache=False).logits[0, -1].float()
                 t = int(last.argmax())
                 out_t.append(t)
@@ -199,16 +227,19 @@ def hf_generate(model, prompts, states, new_tokens, dtype, device):
     return toks, logits
 
 
-def hf_eval(ckpt, dtype, prompts, states, new_tokens, device):
+def hf_eval(ckpt, dtype, prompts, states, new_tokens, device, prefixes):
     model = transformers.MllamaForCausalLM.from_pretrained(
         ckpt, dtype=dtype, attn_implementation="eager").to(device).eval()
-    return hf_generate(model, prompts, states, new_tokens, dtype, device)
+    return hf_generate(model, prompts, states, new_tokens, dtype, device, prefixes)
 
 
-def run_ours(binary, ckpt, prompts_file, enc_file, lens, new_tokens, graphs, out, control=-1):
+def run_ours(binary, ckpt, prompts_file, enc_file, lens, new_tokens, graphs, out, control=-1,
+             firsts=None):
     cmd = [binary, "--checkpoint", ckpt, "--prompts", prompts_file, "--new-tokens",
            str(new_tokens), "--graphs", graphs, "--out", out, "--encoders", enc_file,
            "--encoder-lens", ",".join(map(str, lens))]
+    if firsts is not None:
+        cmd += ["--encoder-first-positions", ",".join(map(str, firsts))]
     if control >= 0:
         cmd += ["--control-encoder-len-of", str(control)]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -259,7 +290,7 @@ def main():
     codes = class_codes(args.seed)
     model = make_model(args.seed)
     print("mllama: training")
-    longest_prompt = max(n for _, n in REQUESTS)
+    longest_prompt = max(n for _, n, _ in REQUESTS)
     train(model, codes, args.train_steps, args.train_batch, longest_prompt + args.new_tokens,
           args.device, args.seed)
     ckpt = os.path.join(work, "mllama")
@@ -267,7 +298,8 @@ def main():
     del model
 
     prompts, expected, states, what = make_requests(codes, args.new_tokens, rng)
-    lens = [enc_len for enc_len, _ in REQUESTS]
+    lens = [enc_len for enc_len, _, _ in REQUESTS]
+    firsts = [prefix if enc_len else 0 for enc_len, _, prefix in REQUESTS]
     pf = os.path.join(work, "prompts.txt")
     with open(pf, "w") as f:
         f.writelines(" ".join(map(str, p)) + "\n" for p in prompts)
@@ -275,11 +307,13 @@ def main():
     blob = [s.to(torch.bfloat16).view(torch.int16).numpy() for s in states if s is not None]
     np.concatenate([b.reshape(-1) for b in blob]).tofile(enc_file)
 
-    ref_toks, ref = hf_eval(ckpt, torch.float32, prompts, states, args.new_tokens, args.device)
-    bf_toks, bf = hf_eval(ckpt, torch.bfloat16, prompts, states, args.new_tokens, args.device)
+    ref_toks, ref = hf_eval(ckpt, torch.float32, prompts, states, args.new_tokens, args.device,
+                            firsts)
+    bf_toks, bf = hf_eval(ckpt, torch.bfloat16, prompts, states, args.new_tokens, args.device,
+                          firsts)
     # How much the cross layers matter: the image requests without their states.
     no_toks, no = hf_eval(ckpt, torch.float32, prompts, [None] * len(prompts), args.new_tokens,
-                          args.device)
+                          args.device, firsts)
     all_ok, rows, warnings = True, [], []
     hf_info = []
     for i in range(len(prompts)):
@@ -312,7 +346,7 @@ def main():
                          None, None, "OK" if task_ok else "FAIL"))
     for graphs in runs:
         meta, ours = run_ours(args.binary, ckpt, pf, enc_file, lens, args.new_tokens, graphs,
-                              os.path.join(work, f"ours_{graphs}"))
+                              os.path.join(work, f"ours_{graphs}"), firsts=firsts)
         print(f"graphs={graphs}: graph steps {meta['graph_steps']}, eager steps "
               f"{meta['eager_steps']}")
         for i, (ok, why, rel, div) in enumerate(check(meta, ours, graphs)):
@@ -323,11 +357,22 @@ def main():
     controls = []
     for k in ([] if args.dry_run else [0, 1]):
         meta, ours = run_ours(args.binary, ckpt, pf, enc_file, lens, args.new_tokens, "on",
-                              os.path.join(work, f"control_{k}"), control=k)
+                              os.path.join(work, f"control_{k}"), control=k, firsts=firsts)
         res = check(meta, ours, f"control {k}")
         caught = [i for i, (ok, _, _, _) in enumerate(res) if not ok]
         controls.append((k, caught, res))
         all_ok &= bool(caught)
+
+    # The row-mask control: ours without the first image positions must fail the requests whose
+    # text precedes the image (and only those can).
+    masked = [i for i, f in enumerate(firsts) if f]
+    unmasked_caught = None
+    if not args.dry_run and masked:
+        meta, ours = run_ours(args.binary, ckpt, pf, enc_file, lens, args.new_tokens, "on",
+                              os.path.join(work, "control_rows"))
+        res = check(meta, ours, "control rows")
+        unmasked_caught = [i for i in masked if not res[i][0]]
+        all_ok &= bool(unmasked_caught)
 
     print(f"\nlogit metric: per step max|x - hf_fp32| / max|hf_fp32|, worst step shown; "
           f"tol max({args.tol_rel}, 2 x hf_bf16). margin: smallest hf_fp32 top-2 gap on the path. div: first step "
@@ -345,6 +390,10 @@ def main():
         for i, (ok, why, rel, div) in enumerate(res):
             print(f"    request {i} (enc {lens[i]}): worst rel {rel:.4f}, div "
                   f"{'-' if div is None else div}: {'passes' if ok else 'fails ' + ','.join(why)}")
+    if unmasked_caught is not None:
+        print(f"control: rows before the image not masked (requests {masked}): "
+              f"{'CAUGHT' if unmasked_caught else 'NOT CAUGHT (FAIL)'} on requests "
+              f"{unmasked_caught}")
     for w in warnings:
         print("WARNING:", w)
     print(f"\nnew tokens {args.new_tokens} per request; OVERALL:", "PASS" if all_ok else "FAIL",

@@ -67,7 +67,9 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float scratch[32];
   const std::int32_t request = a.token_request[row];
   // Block-uniform: every thread of the row takes the same branch.
-  const bool gated = request >= 0 && a.encoder_len[request] > 0;
+  const bool gated =
+      request >= 0 && a.encoder_len[request] > 0 &&
+      (a.first_position == nullptr || a.token_position[row] >= a.first_position[a.token_slot[row]]);
   const float gate = round_bf16(tanhf(bf16_bits_to_float(*a.gate)));
   const int nvec = a.hidden / 8;
   const std::size_t base = static_cast<std::size_t>(row) * a.hidden;
@@ -139,6 +141,10 @@ void gated_residual_rmsnorm(const GatedResidualNormArgs& a, cudaStream_t stream)
   GD_REQUIRE(a.gate != nullptr, "gate", "nullptr", "the cross layer's gate parameter");
   GD_REQUIRE(a.token_request != nullptr, "token_request", "nullptr", "prep metadata");
   GD_REQUIRE(a.encoder_len != nullptr, "encoder_len", "nullptr", "prep metadata");
+  GD_REQUIRE(
+      (a.first_position == nullptr) == (a.token_slot == nullptr || a.token_position == nullptr),
+      "first_position", a.first_position == nullptr ? "nullptr" : "given",
+      "comes with token_slot and token_position");
   GD_REQUIRE(a.y == nullptr || aligned16(a.y), "y", a.y, "must be 16-byte aligned");
   GD_REQUIRE(a.y == nullptr || (a.weight != nullptr && aligned16(a.weight)), "weight", a.weight,
              "the norm's weight (16-byte aligned) comes with y");

@@ -47,9 +47,14 @@ struct GatedResidualNormArgs {
   const std::int32_t* token_request =
       nullptr;                                // [max_rows] prep: request of each token (< 0: none)
   const std::int32_t* encoder_len = nullptr;  // [max_batch] prep: encoder keys of each request
-  const bf16_bits* weight = nullptr;          // [hidden] the norm's weight (with y)
-  bf16_bits* y = nullptr;                     // [max_rows][hidden] or nullptr: residual only
-  const std::int32_t* num_rows = nullptr;     // [1] live rows
+  // Optional (all three or none): rows whose position is below first_position[their slot] are
+  // not gated in either (a cross MLP's rows before the request's first image token).
+  const std::int32_t* token_slot = nullptr;      // [max_rows] prep: slot of each token
+  const std::int32_t* token_position = nullptr;  // [max_rows] prep: position of each token
+  const std::int32_t* first_position = nullptr;  // [max_slots]
+  const bf16_bits* weight = nullptr;             // [hidden] the norm's weight (with y)
+  bf16_bits* y = nullptr;                        // [max_rows][hidden] or nullptr: residual only
+  const std::int32_t* num_rows = nullptr;        // [1] live rows
   std::int32_t max_rows = 0;
   std::int32_t hidden = 0;
   float eps = 1e-5f;

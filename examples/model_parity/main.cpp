@@ -4,7 +4,8 @@
 //   model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) --prompts FILE
 //                --new-tokens N [--graphs on|off] --out PREFIX
 //                [--draft DIR | --lookup | --eagle DIR|synthetic] [--k K]
-//                [--encoders FILE --encoder-lens L0,L1,... [--control-encoder-len-of K]]
+//                [--encoders FILE --encoder-lens L0,L1,... [--encoder-first-positions F0,...]
+//                 [--control-encoder-len-of K]]
 //
 // FILE: one prompt per line, space-separated token ids. Writes
 //   PREFIX.json  {"steps", "batch", "vocab", "graph_steps", "eager_steps", "tokens": [[...]]}
@@ -16,9 +17,10 @@
 // every step's drafts in the JSON (eagle_steps.h; scripts/hf_eagle_parity.py).
 // Cross-attention models (Mllama): --encoders FILE holds every prompt's encoder states, raw bf16
 // [sum of lengths][hidden] in prompt order, and --encoder-lens their lengths (0 = text only), one
-// per prompt (scripts/hf_mllama_parity.py). --control-encoder-len-of K runs the control of that
-// script: every step tells the model that every request has prompt K's encoder length (the bug
-// class the parity check must catch).
+// per prompt (scripts/hf_mllama_parity.py); --encoder-first-positions the prompt position of each
+// one's first <|image|> token (rows before it skip the cross MLP, EncoderStates::first_position).
+// --control-encoder-len-of K runs the control of that script: every step tells the model that every
+// request has prompt K's encoder length (the bug class the parity check must catch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,7 +94,7 @@ int usage() {
   std::cerr << "usage: model_parity (--checkpoint DIR | --synthetic CONFIG_JSON [--seed S]) "
                "--prompts FILE --new-tokens N [--graphs on|off] --out PREFIX "
                "[--draft DIR | --lookup | --eagle DIR|synthetic] [--k K] [--encoders FILE "
-               "--encoder-lens L0,L1,... "
+               "--encoder-lens L0,L1,... [--encoder-first-positions F0,F1,...] "
                "[--control-encoder-len-of K]]\n";
   return 2;
 }
@@ -153,7 +155,7 @@ int run_speculative(const HostWeights& target, const HostWeights* draft,
 
 int main(int argc, char** argv) {
   std::string checkpoint, synthetic, prompts_path, out, draft_dir, encoders_path, encoder_lens,
-      eagle_dir;
+      encoder_firsts, eagle_dir;
   std::int32_t control_of = -1;
   std::uint64_t seed = 1;
   bool lookup = false;
@@ -188,6 +190,8 @@ int main(int argc, char** argv) {
       encoders_path = next();
     else if (a == "--encoder-lens")
       encoder_lens = next();
+    else if (a == "--encoder-first-positions")
+      encoder_firsts = next();
     else if (a == "--control-encoder-len-of")
       control_of = std::stoi(next());
     else
@@ -217,9 +221,16 @@ int main(int argc, char** argv) {
       std::int64_t rows = 0;
       for (std::int32_t l : lens) rows += l;
       enc_data = read_encoders(encoders_path, rows * weights.config.hidden_size);
+      const std::vector<std::int32_t> firsts = encoder_firsts.empty()
+                                                   ? std::vector<std::int32_t>(lens.size(), 0)
+                                                   : parse_lens(encoder_firsts);
+      if (firsts.size() != lens.size())
+        throw Error("one first image position per prompt", "model_parity",
+                    "encoder-first-positions", encoder_firsts);
       std::int64_t at = 0;
-      for (std::int32_t l : lens) {
-        encoders.push_back({l > 0 ? enc_data.data() + at : nullptr, l, false});
+      for (std::size_t r = 0; r < lens.size(); ++r) {
+        const std::int32_t l = lens[r];
+        encoders.push_back({l > 0 ? enc_data.data() + at : nullptr, l, false, firsts[r]});
         at += static_cast<std::int64_t>(l) * weights.config.hidden_size;
       }
       opt.encoders = encoders;

@@ -217,7 +217,7 @@ def check_request(model: Union[ModelConfig, Weights, str, Mapping], prompt: Iter
                   temperature: Optional[float] = None, top_k: Optional[int] = None,
                   top_p: Optional[float] = None, seed: Optional[int] = None,
                   speculate: bool = True, encoder_states: Any = None,
-                  max_encoder_len: int = 0) -> None:
+                  max_encoder_len: int = 0, encoder_first_position: int = 0) -> None:
     """Checks a request as ``Engine.submit`` would, on the host, without a device or an engine.
 
     Applies the same argument conversions and the scheduler's rules (non-empty prompt, ids in the
@@ -231,7 +231,7 @@ def check_request(model: Union[ModelConfig, Weights, str, Mapping], prompt: Iter
                         _sampling_dict(sampling, dict(temperature=temperature, top_k=top_k,
                                                       top_p=top_p, seed=seed)), speculate,
                         encoder_states, int(max_encoder_len) if config.num_cross_layers else 0,
-                        config.hidden_size, config.extra_input_tokens)
+                        config.hidden_size, config.extra_input_tokens, encoder_first_position)
 
 
 def check_engine_options(speculative: Union[Speculative, Mapping, None] = None,
@@ -291,7 +291,7 @@ class Engine:
                temperature: Optional[float] = None, top_k: Optional[int] = None,
                top_p: Optional[float] = None, seed: Optional[int] = None,
                speculate: bool = True, encoder_states: Any = None,
-               encoder_id: Optional[int] = None,
+               encoder_id: Optional[int] = None, encoder_first_position: int = 0,
                on_token: Optional[TokenCallback] = None) -> Request:
         """Queues a request and returns its handle (iterate it for its tokens).
 
@@ -308,7 +308,9 @@ class Engine:
         tensor's current stream is synchronized first, so pending writes to it are complete.
         encoder_id (prefix cache): names the encoder states, e.g. an image hash; requests with the
         same nonzero id must carry identical states and then share their text prefix's KV pages
-        (requests with states and no id share nothing).
+        (requests with states and no id share nothing). encoder_first_position: the prompt
+        position of the first <|image|> token; rows before it see no image (as transformers'
+        cross_attention_mask makes them: their cross layers' MLP term is dropped).
         Raises ``graphdecode.Error`` naming the field of a bad request.
         """
         params = _sampling_dict(sampling, dict(temperature=temperature, top_k=top_k,
@@ -323,7 +325,7 @@ class Engine:
 
             torch.cuda.current_stream(encoder_states.device).synchronize()
         request_id = self._core.submit(prompt, max_new_tokens, stop_tokens, params, speculate,
-                                       encoder_states, encoder_id)
+                                       encoder_states, encoder_id, encoder_first_position)
         request = Request(self, request_id, len(prompt), on_token)
         if on_device or hasattr(encoder_states, "__cuda_array_interface__"):
             request._encoder_states = encoder_states

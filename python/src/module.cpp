@@ -340,11 +340,14 @@ NB_MODULE(_graphdecode, m) {
       [](std::int32_t vocab_size, std::int32_t max_context, nb::handle prompt,
          nb::handle max_new_tokens, nb::handle stop_tokens, nb::dict sampling, nb::handle speculate,
          nb::handle encoder_states, std::int32_t max_encoder_len, std::int32_t hidden_size,
-         std::int32_t extra_input_tokens) {
+         std::int32_t extra_input_tokens, nb::handle encoder_first_position) {
         RequestSpec spec =
             py::request_spec(prompt, max_new_tokens, stop_tokens, sampling, speculate);
         int device_id = -1;
         spec.encoder = py::encoder_states(encoder_states, "encoder_states", device_id);
+        if (!encoder_first_position.is_none())
+          spec.encoder.first_position =
+              py::to_i32(encoder_first_position, "encoder_first_position");
         SchedulerConfig sc;
         sc.max_batch = 1;
         sc.max_context = max_context;
@@ -359,7 +362,7 @@ NB_MODULE(_graphdecode, m) {
       },
       "vocab_size"_a, "max_context"_a, "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a,
       "sampling"_a, "speculate"_a, "encoder_states"_a = nb::none(), "max_encoder_len"_a = 0,
-      "hidden_size"_a = 0, "extra_input_tokens"_a = 0,
+      "hidden_size"_a = 0, "extra_input_tokens"_a = 0, "encoder_first_position"_a = nb::none(),
       "Applies Engine.submit's conversions and the scheduler's request rules on the host.");
 
   m.def(
@@ -380,13 +383,16 @@ NB_MODULE(_graphdecode, m) {
           "submit",
           [](PyEngine& e, nb::handle prompt, nb::handle max_new_tokens, nb::handle stop_tokens,
              nb::dict sampling, nb::handle speculate, nb::handle encoder_states,
-             nb::handle encoder_id) {
+             nb::handle encoder_id, nb::handle encoder_first_position) {
             RequestSpec spec =
                 py::request_spec(prompt, max_new_tokens, stop_tokens, sampling, speculate);
             PyEngine& engine = py::open(e);
             int device_id = -1;
             spec.encoder = py::encoder_states(encoder_states, "encoder_states", device_id);
             if (!encoder_id.is_none()) spec.encoder_id = py::to_u64(encoder_id, "encoder_id");
+            if (!encoder_first_position.is_none())
+              spec.encoder.first_position =
+                  py::to_i32(encoder_first_position, "encoder_first_position");
             GD_REQUIRE(device_id < 0 || device_id == engine.device(), "encoder_states",
                        "cuda:" + std::to_string(device_id),
                        "must be on the engine's device (cuda:" + std::to_string(engine.device()) +
@@ -397,7 +403,8 @@ NB_MODULE(_graphdecode, m) {
             return engine.submit(std::move(spec));
           },
           "prompt"_a, "max_new_tokens"_a, "stop_tokens"_a, "sampling"_a, "speculate"_a,
-          "encoder_states"_a = nb::none(), "encoder_id"_a = nb::none())
+          "encoder_states"_a = nb::none(), "encoder_id"_a = nb::none(),
+          "encoder_first_position"_a = nb::none())
       .def(
           "step",
           [](PyEngine& e) {

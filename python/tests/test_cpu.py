@@ -212,6 +212,13 @@ def test_encoder_states_cross_by_dlpack_and_name_their_faults():
                  max_encoder_len=64) == "encoder.width"
     assert field("small-cross", states, max_encoder_len=16) == "encoder.length"
     assert field(SMALL, states) == "encoder"  # a model without cross layers
+    # The first <|image|> position is a prompt position.
+    gd.check_request("small-cross", [1, 2] + image, encoder_states=states, max_encoder_len=64,
+                     encoder_first_position=2)
+    assert field("small-cross", states, max_encoder_len=64,
+                 encoder_first_position=2) == "encoder.first_position"
+    assert field("small-cross", states, max_encoder_len=64,
+                 encoder_first_position="2") == "encoder_first_position"
     assert field_of(gd.check_request, SMALL, image) == "prompt[0]"
 
 

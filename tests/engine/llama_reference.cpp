@@ -72,8 +72,11 @@ Vec mlp(const HostWeights& w, std::int32_t l, const Vec& h) {
 
 // Mllama's MllamaCrossAttentionDecoderLayer on every token:
 //   x += tanh(attn_gate) * o_proj(attention(q_norm(q_proj(norm1(x))), K, V))   (non-causal)
-//   x += tanh(mlp_gate) * mlp(norm2(x))
-// with K = k_norm(k_proj(states)), V = v_proj(states) per head, no RoPE.
+//   x += tanh(mlp_gate) * mlp(norm2(x))        (only at positions >= enc.first_position)
+// with K = k_norm(k_proj(states)), V = v_proj(states) per head, no RoPE. Positions before the
+// first image token keep the attention term and lose the MLP term: transformers' vision flow
+// (its full_text_row_masked_out_mask multiplies the MLP output; the rows' all-masked attention
+// mask becomes all-zero, so they attend every key).
 void cross_layer(const HostWeights& w, std::int32_t l, const ReferenceEncoder& enc,
                  std::vector<Vec>& x) {
   const ModelConfig& c = w.config;
@@ -100,7 +103,8 @@ void cross_layer(const HostWeights& w, std::int32_t l, const ReferenceEncoder& e
     v[j] = linear(wv, s, hkv * d);
     for (std::size_t hh = 0; hh < hkv; ++hh) rmsnorm(k[j], hh * d, d, kn, c.rms_norm_eps);
   }
-  for (Vec& xt : x) {
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    Vec& xt = x[t];
     Vec h = xt;
     rmsnorm(h, 0, H, n1, c.rms_norm_eps);
     Vec q = linear(wq, h, hq * d);
@@ -113,6 +117,7 @@ void cross_layer(const HostWeights& w, std::int32_t l, const ReferenceEncoder& e
     for (std::size_t i = 0; i < H; ++i) xt[i] += attn_gate * a[i];
     h = xt;
     rmsnorm(h, 0, H, n2, c.rms_norm_eps);
+    if (t < static_cast<std::size_t>(enc.first_position)) continue;
     const Vec m = mlp(w, l, h);
     for (std::size_t i = 0; i < H; ++i) xt[i] += mlp_gate * m[i];
   }

@@ -17,6 +17,7 @@ namespace graphdecode::testing {
 struct ReferenceEncoder {
   std::span<const std::uint16_t> states;
   std::int32_t length = 0;
+  std::int32_t first_position = 0;  // positions before it skip the cross MLP (EncoderStates)
 };
 
 // Logits [vocab] of the LAST token of `tokens` (the whole sequence is run from scratch).

@@ -366,6 +366,12 @@ TEST(CrossScheduler, BadEncoderStatesNameTheFieldAndChangeNothing) {
   s = with_encoder(states, 10);
   s.encoder.data = nullptr;
   EXPECT_EQ(field_of([&] { cs.s.submit(s); }), "encoder.data");
+  // The first image position is a prompt position (the prompt here has 3 tokens).
+  s = with_encoder(states, 10);
+  s.encoder.first_position = 3;
+  EXPECT_EQ(field_of([&] { cs.s.submit(s); }), "encoder.first_position");
+  s.encoder.first_position = -1;
+  EXPECT_EQ(field_of([&] { cs.s.submit(s); }), "encoder.first_position");
   // Never fits the cross pool of 20 pages (320 keys at most... 200 here, so shrink the pool).
   CrossSetup small(5);
   EXPECT_EQ(field_of([&] { small.s.submit(with_encoder(states, 100)); }), "kv_pages_needed");
@@ -382,12 +388,16 @@ TEST(CrossScheduler, BadEncoderStatesNameTheFieldAndChangeNothing) {
   RequestSpec image_token = with_encoder(states, 4);
   image_token.prompt = {107, 5};
   EXPECT_EQ(field_of([&] { cs.s.submit(image_token); }), "<no error>");
+  image_token.prompt = {4, 107, 5};  // text before the image: rows 0 see no image
+  image_token.encoder.first_position = 1;
+  EXPECT_EQ(field_of([&] { cs.s.submit(image_token); }), "<no error>");
+  image_token.encoder.first_position = 0;
   image_token.prompt = {108};
   EXPECT_EQ(field_of([&] { cs.s.submit(image_token); }), "prompt[0]");
   image_token.prompt = {5};
   image_token.stop_tokens = {100};
   EXPECT_EQ(field_of([&] { cs.s.submit(image_token); }), "stop_tokens");
-  EXPECT_EQ(cs.s.waiting(), 1);
+  EXPECT_EQ(cs.s.waiting(), 2);
 }
 
 TEST(CrossScheduler, EncoderPagesAreReservedCopiedAndReturned) {

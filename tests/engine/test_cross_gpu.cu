@@ -428,17 +428,25 @@ TEST_F(CrossGpu, CrossRowKernelsMatchTheirDefinitions) {
       }
   }
   // gated_residual_rmsnorm: 6 rows, requests {0, 1, 1, 2, -1 (padding), 0}, encoder_len
-  // {5, 0, 3}: rows 1, 2 (request 1) and 4 (padding) are masked.
-  {
+  // {5, 0, 3}: rows 1, 2 (request 1) and 4 (padding) are masked; with the positional rule (a
+  // cross MLP's output) also row 0, at position 2 of a slot whose first image position is 4.
+  for (const bool positional : {false, true}) {
     const std::int32_t rows = 6, hidden = 1024;
     const std::vector<std::int32_t> token_request = {0, 1, 1, 2, -1, 0}, enc = {5, 0, 3};
+    const std::vector<std::int32_t> token_slot = {3, 1, 1, 5, 0, 3};
+    const std::vector<std::int32_t> token_position = {2, 0, 1, 0, 0, 7};
+    const std::vector<std::int32_t> first = {0, 0, 0, 4, 0, 0};  // per slot
     const auto x = randv(static_cast<std::size_t>(rows) * hidden, 1.f);
     const auto res = randv(x.size(), 1.f);
     const auto wt = randv(hidden, 1.f);
     const std::uint16_t gate = reference::float_to_bf16(-0.7f);
     DeviceBuffer<std::uint16_t> dx(x.size()), dres(res.size()), dres2(res.size()), dw(wt.size()),
         dy(x.size()), dy_plain(x.size()), dg(8);
-    DeviceBuffer<std::int32_t> dtr(token_request.size()), denc(enc.size()), live(1);
+    DeviceBuffer<std::int32_t> dtr(token_request.size()), denc(enc.size()), live(1),
+        dslot(token_slot.size()), dpos(token_position.size()), dfirst(first.size());
+    dslot.upload(token_slot.data(), token_slot.size(), stream.get());
+    dpos.upload(token_position.data(), token_position.size(), stream.get());
+    dfirst.upload(first.data(), first.size(), stream.get());
     dx.upload(x.data(), x.size(), stream.get());
     dres.upload(res.data(), res.size(), stream.get());
     dres2.upload(res.data(), res.size(), stream.get());
@@ -453,6 +461,11 @@ TEST_F(CrossGpu, CrossRowKernelsMatchTheirDefinitions) {
     a.gate = dg.data();
     a.token_request = dtr.data();
     a.encoder_len = denc.data();
+    if (positional) {
+      a.token_slot = dslot.data();
+      a.token_position = dpos.data();
+      a.first_position = dfirst.data();
+    }
     a.weight = dw.data();
     a.y = dy.data();
     a.num_rows = live.data();
@@ -480,10 +493,13 @@ TEST_F(CrossGpu, CrossRowKernelsMatchTheirDefinitions) {
     EXPECT_EQ(r1, r2) << "the residual-only form updates the residual the same way";
     const float tg = bf(std::tanh(reference::bf16_to_float(gate)));
     for (std::int32_t r = 0; r < rows; ++r) {
-      const bool masked = token_request[r] < 0 || enc[token_request[r]] == 0;
+      const bool masked =
+          token_request[r] < 0 || enc[token_request[r]] == 0 ||
+          (positional && token_position[r] < first[static_cast<std::size_t>(token_slot[r])]);
       const std::size_t base = static_cast<std::size_t>(r) * hidden;
       if (masked) {
-        EXPECT_EQ(std::memcmp(&r1[base], &res[base], hidden * 2), 0) << "masked row " << r;
+        EXPECT_EQ(std::memcmp(&r1[base], &res[base], hidden * 2), 0)
+            << "masked row " << r << (positional ? " (positional)" : "");
         EXPECT_EQ(std::memcmp(&y[base], &yp[base], hidden * 2), 0)
             << "masked row " << r << ": y is not rmsnorm()'s";
         continue;
@@ -593,6 +609,64 @@ INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EngineCross, ::testing::Bool(),
 
 // Sampling and stop tokens as for the other families: with encoder states, the same submissions
 // give the same tokens run to run, top-k 1 equals greedy, and a stop token ends a request.
+// Text before the first image token (transformers' vision flow, e.g. a chat template's header):
+// rows before encoder.first_position skip the cross layers' MLP term and keep their attention
+// term. Every token is confirmed by the float64 reference under the same rule, graphs on and off,
+// and the rule matters: the reference without it moves those requests' first logits.
+TEST_P(EngineCross, RowsBeforeTheImageTokenSkipTheCrossMlp) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_cross_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_context = 96;
+  ec.max_encoder_len = 64;
+  ec.use_graphs = GetParam();
+  Engine engine(w, ec);
+  const std::int32_t image = config.vocab_size;  // the first input id past the text vocabulary
+  const std::vector<std::int32_t> firsts = {5, 1, 0, 11};
+  const std::vector<std::int32_t> lengths = {17, 40, 9, 64};
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<States> states;
+  Collected got;
+  std::vector<RequestId> ids;
+  for (std::size_t r = 0; r < firsts.size(); ++r) {
+    std::vector<std::int32_t> p = random_prompt(rng, firsts[r], config.vocab_size);
+    p.push_back(image);
+    const std::vector<std::int32_t> tail = random_prompt(rng, 6, config.vocab_size);
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+    states.push_back(random_states(rng, lengths[r], config.hidden_size));
+    RequestSpec s;
+    s.prompt = p;
+    s.max_new_tokens = 12;
+    s.encoder = {states.back().data(), lengths[r], config.hidden_size, false, firsts[r]};
+    ids.push_back(engine.submit(std::move(s), collect(got)));
+  }
+  engine.run_until_idle();
+  for (std::size_t r = 0; r < firsts.size(); ++r) {
+    const testing::ReferenceEncoder enc{states[r], lengths[r], firsts[r]};
+    expect_greedy_confirmed(w, prompts[r], got.tokens[ids[r]],
+                            "request " + std::to_string(r) + " (first image position " +
+                                std::to_string(firsts[r]) + ")",
+                            enc);
+    if (firsts[r] == 0) continue;
+    // The control: at the first (masked) row the rule moves the logits by more than the 3%
+    // tolerance the check allows, so a kernel that ignored it would fail the reference check
+    // (the synthetic gates are +-[0.5, 1): the MLP term is large).
+    const std::vector<std::int32_t> head(prompts[r].begin(), prompts[r].begin() + 1);
+    const auto masked = testing::reference_last_logits(w, head, enc);
+    const auto open = testing::reference_last_logits(w, head, {states[r], lengths[r], 0});
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < masked.size(); ++i) {
+      scale = std::max(scale, std::abs(masked[i]));
+      diff = std::max(diff, std::abs(masked[i] - open[i]));
+    }
+    EXPECT_GT(diff, 0.03 * scale) << "request " << r << ": the rule changes too little to test";
+  }
+}
+
 TEST_F(CrossGpu, SamplingIsReproducibleAndStopTokensStopWithEncoderStates) {
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
