@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "bench/bench_util.cuh"
+#include "bench/decode_rig.cuh"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -122,154 +123,6 @@ double cross_kv_weight_bytes(const ModelConfig& c) {
   return static_cast<double>(c.num_cross_layers()) * 2.0 * c.kv_size() * c.hidden_size * 2.0;
 }
 
-struct Rig {
-  std::unique_ptr<StepContext> step;
-  std::unique_ptr<ModelRuntime> runtime;
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<ModelStep> program;
-  std::unique_ptr<StepGraphs> graphs;
-  std::vector<StepRequest> requests;
-  std::vector<std::int32_t> tokens;
-  std::int32_t encode_slot = 0;  // holds max encoder keys for the encode timing
-
-  Rig(const HostWeights& w, std::int32_t b, std::int32_t l, const std::vector<std::int32_t>& lens,
-      std::int32_t max_enc, cudaStream_t s) {
-    const RuntimeOptions o = decode_options(b, l, max_enc, cross_pages_for(lens, max_enc));
-    const AttentionLayout layout = llama_attention_layout(w.config);
-    const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
-    step = std::make_unique<StepContext>(cap, ledger_pools(cap, o));
-    runtime = std::make_unique<ModelRuntime>(layout, o, *step, 0, s);
-    model = std::make_unique<LlamaModel>(w, o, s);
-    program = std::make_unique<ModelStep>(*runtime, *model);
-    StepGraphsConfig gc;
-    gc.buckets = {b};
-    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
-    KvLedger& ledger = step->ledger();
-    std::vector<std::int32_t> slots(static_cast<std::size_t>(b));
-    for (auto& slot : slots) slot = ledger.acquire();
-    for (std::int32_t done = 0; done < l + 1; done += kPage) {
-      for (std::int32_t slot : slots) {
-        if (!has_room()) apply_commands(s);
-        ledger.extend(slot, std::min(kPage, l + 1 - done));
-      }
-    }
-    apply_commands(s);
-    for (std::size_t r = 0; r < slots.size(); ++r) {
-      if (lens[r] == 0) continue;
-      ledger.set_encoder(slots[r], lens[r]);
-      apply_commands(s);
-    }
-    encode_slot = ledger.acquire();
-    ledger.set_encoder(encode_slot, max_enc);
-    apply_commands(s);
-    for (AttentionKind kind :
-         {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
-      if (!runtime->has_pool(kind)) continue;
-      const KvPool& pool = runtime->pool(kind);
-      const KvPoolConfig& pc = pool.config();
-      const std::size_t elems = static_cast<std::size_t>(pc.geometry.num_pages) *
-                                pc.shape.num_kv_heads * pc.geometry.page_size * pc.shape.head_dim;
-      for (std::int32_t layer = 0; layer < pc.shape.num_layers; ++layer) {
-        const PagedKvView v = pool.view(layer);
-        for (void* p : {v.k, v.v})
-          fill_random(static_cast<std::uint16_t*>(p), elems,
-                      kSeed + static_cast<std::uint64_t>(layer) * 7 + kind_index(kind), s);
-      }
-    }
-    GD_CUDA(cudaStreamSynchronize(s));
-    for (std::int32_t r = 0; r < b; ++r) {
-      requests.push_back(
-          {slots[static_cast<std::size_t>(r)], l, 1, lens[static_cast<std::size_t>(r)]});
-      tokens.push_back((r * 7919 + 11) % w.config.vocab_size);
-    }
-    graphs->capture(s);
-  }
-
-  StepDesc desc() const {
-    StepDesc d;
-    d.mode = StepMode::kDecode;
-    d.tokens_per_request = 1;
-    d.requests = requests;
-    d.token_ids = tokens;
-    return d;
-  }
-
- private:
-  bool has_room() const {
-    const KvLedger& ledger = step->ledger();
-    for (std::int32_t i = 0; i < ledger.num_pools(); ++i)
-      if (!ledger.commands(i).has_room(RequestSlots::kMaxCommandsPerOp, 2)) return false;
-    return true;
-  }
-  void apply_commands(cudaStream_t s) {
-    KvLedger& ledger = step->ledger();
-    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
-      const TableCommandBatch& c = ledger.commands(i);
-      if (!c.empty()) runtime->pool(ledger.config(i).geometry.kind).table().apply(c, s);
-    }
-    ledger.clear_commands();
-  }
-};
-
-struct Timer {
-  Timer(int reps, bool flush_on, std::size_t l2_bytes, cudaStream_t s)
-      : flush_l2(flush_on),
-        flush(std::max<std::size_t>(4 * l2_bytes, 64 << 20) / sizeof(int4)),
-        start(static_cast<std::size_t>(reps)),
-        stop(static_cast<std::size_t>(reps)),
-        us(static_cast<std::size_t>(reps)) {
-    flush.fill_bytes(0, s);
-  }
-  void flush_now(cudaStream_t s) {
-    if (!flush_l2) return;
-    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
-    GD_CHECK_LAUNCH();
-  }
-  bool flush_l2;
-  DeviceBuffer<int4> flush;
-  DeviceBuffer<int> sink{1};
-  std::vector<Event> start, stop;
-  std::vector<double> us;
-};
-
-struct StepTimes {
-  double device_us = 0, host_us = 0;
-};
-
-StepTimes time_steps(Rig& rig, bool use_graphs, int reps, Timer& t, cudaStream_t s) {
-  rig.graphs->set_use_graphs(use_graphs);
-  const StepDesc d = rig.desc();
-  const StepPath want = use_graphs ? StepPath::kGraph : StepPath::kEager;
-  for (int i = 0; i < kWarmup; ++i) {
-    const StepPath p = rig.graphs->step(d, s);
-    GD_REQUIRE(p == want, "path", static_cast<int>(p), "the step did not take the expected path");
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  StepTimes r;
-  for (int i = 0; i < reps; ++i) {
-    t.flush_now(s);
-    t.start[static_cast<std::size_t>(i)].record(s);
-    rig.graphs->step(d, s);
-    t.stop[static_cast<std::size_t>(i)].record(s);
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  for (int i = 0; i < reps; ++i) {
-    const auto u = static_cast<std::size_t>(i);
-    t.us[u] = 1e3 * t.stop[u].elapsed_ms_since(t.start[u]);
-  }
-  r.device_us = median(t.us);
-  for (int i = 0; i < reps; ++i) {
-    GD_CUDA(cudaStreamSynchronize(s));
-    const auto t0 = std::chrono::steady_clock::now();
-    rig.graphs->step(d, s);
-    const auto t1 = std::chrono::steady_clock::now();
-    t.us[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  r.host_us = median(t.us);
-  return r;
-}
-
 struct Result {
   std::int32_t batch = 0, context = 0, text_only = 0;
   std::int64_t encoder_keys = 0;
@@ -313,13 +166,13 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, std::in
     r.note = "does not fit in device memory";
     return r;
   }
-  Rig rig(w, b, l, lens, max_enc, s);
+  DecodeRig rig(w, o, b, l, lens, max_enc, kSeed, s);
   const std::size_t n = static_cast<std::size_t>(b) * static_cast<std::size_t>(c.vocab_size);
   std::vector<float> graph_logits(n), eager_logits(n);
-  r.graph = time_steps(rig, true, reps, t, s);
+  r.graph = time_steps(rig, true, kWarmup, reps, t, s);
   GD_CUDA(cudaMemcpyAsync(graph_logits.data(), rig.model->logits(), n * sizeof(float),
                           cudaMemcpyDeviceToHost, s));
-  r.eager = time_steps(rig, false, reps, t, s);
+  r.eager = time_steps(rig, false, kWarmup, reps, t, s);
   GD_CUDA(cudaMemcpyAsync(eager_logits.data(), rig.model->logits(), n * sizeof(float),
                           cudaMemcpyDeviceToHost, s));
   GD_CUDA(cudaStreamSynchronize(s));
@@ -433,20 +286,6 @@ void write_json(const std::string& path, const cudaDeviceProp& dev, const ModelC
       << ", \"floor_us\": " << es[i].floor_us << "}" << (i + 1 < es.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
-}
-
-std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<std::int32_t> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    char* end = nullptr;
-    const long x = std::strtol(item.c_str(), &end, 10);
-    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
-               "expected a comma-separated list of positive integers");
-    v.push_back(static_cast<std::int32_t>(x));
-  }
-  GD_REQUIRE(!v.empty(), flag, text, "empty list");
-  return v;
 }
 
 int run_main(int argc, char** argv) {

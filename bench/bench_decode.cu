@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "bench/bench_util.cuh"
+#include "bench/decode_rig.cuh"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -94,152 +95,6 @@ double kv_pool_bytes(const ModelConfig& c, const RuntimeOptions& o) {
   return bytes;
 }
 
-// ---- one (B, L) rig -----------------------------------------------------------------------------
-
-// Members are destroyed in reverse order: graphs, program, model, runtime, then the step.
-struct Rig {
-  std::unique_ptr<StepContext> step;
-  std::unique_ptr<ModelRuntime> runtime;
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<ModelStep> program;
-  std::unique_ptr<StepGraphs> graphs;
-  std::vector<StepRequest> requests;  // [B] decode rows: prefix L, extend 1
-  std::vector<std::int32_t> tokens;   // [B]
-
-  Rig(const HostWeights& w, std::int32_t b, std::int32_t l, cudaStream_t s) {
-    const RuntimeOptions o = decode_options(b, l);
-    const AttentionLayout layout = llama_attention_layout(w.config);
-    const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
-    step = std::make_unique<StepContext>(cap, ledger_pools(cap, o));
-    runtime = std::make_unique<ModelRuntime>(layout, o, *step, 0, s);
-    model = std::make_unique<LlamaModel>(w, o, s);
-    program = std::make_unique<ModelStep>(*runtime, *model);
-    StepGraphsConfig gc;
-    gc.buckets = {b};
-    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
-    KvLedger& ledger = step->ledger();
-    std::vector<std::int32_t> slots(static_cast<std::size_t>(b));
-    for (auto& slot : slots) slot = ledger.acquire();
-    // L + 1 positions per request, a page at a time round-robin over requests (pages interleave
-    // as they would in a running engine), applied whenever the step-sized batches fill up.
-    for (std::int32_t done = 0; done < l + 1; done += kPage) {
-      for (std::int32_t slot : slots) {
-        if (!has_room()) apply_commands(s);
-        ledger.extend(slot, std::min(kPage, l + 1 - done));
-      }
-    }
-    apply_commands(s);
-    for (AttentionKind kind : {AttentionKind::kFull, AttentionKind::kSliding}) {
-      if (!runtime->has_pool(kind)) continue;
-      const KvPool& pool = runtime->pool(kind);
-      const KvPoolConfig& pc = pool.config();
-      const std::size_t elems = static_cast<std::size_t>(pc.geometry.num_pages) *
-                                pc.shape.num_kv_heads * pc.geometry.page_size * pc.shape.head_dim;
-      for (std::int32_t layer = 0; layer < pc.shape.num_layers; ++layer) {
-        const PagedKvView v = pool.view(layer);
-        for (void* p : {v.k, v.v}) {
-          fill_random(static_cast<std::uint16_t*>(p), elems,
-                      kSeed + static_cast<std::uint64_t>(layer) * 7 + kind_index(kind), s);
-        }
-      }
-    }
-    GD_CUDA(cudaStreamSynchronize(s));
-    for (std::int32_t r = 0; r < b; ++r) {
-      requests.push_back({slots[static_cast<std::size_t>(r)], l, 1, 0});
-      tokens.push_back((r * 7919 + 11) % w.config.vocab_size);
-    }
-    graphs->capture(s);
-  }
-
-  StepDesc desc() const {
-    StepDesc d;
-    d.mode = StepMode::kDecode;
-    d.tokens_per_request = 1;
-    d.requests = requests;
-    d.token_ids = tokens;
-    return d;  // no table commands: the pages were applied at setup
-  }
-
- private:
-  bool has_room() const {
-    // One extend of <= one page: 2 commands, 2 page ids.
-    const KvLedger& ledger = step->ledger();
-    for (std::int32_t i = 0; i < ledger.num_pools(); ++i)
-      if (!ledger.commands(i).has_room(RequestSlots::kMaxCommandsPerOp, 2)) return false;
-    return true;
-  }
-  void apply_commands(cudaStream_t s) {
-    KvLedger& ledger = step->ledger();
-    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
-      const TableCommandBatch& c = ledger.commands(i);
-      if (!c.empty()) runtime->pool(ledger.config(i).geometry.kind).table().apply(c, s);
-    }
-    ledger.clear_commands();
-  }
-};
-
-// ---- timing -------------------------------------------------------------------------------------
-
-// L2 flush buffer and per-rep events, made once (nothing is allocated in the timed loops).
-struct Timer {
-  Timer(int reps, bool flush_on, std::size_t l2_bytes, cudaStream_t s)
-      : flush_l2(flush_on),
-        flush(std::max<std::size_t>(4 * l2_bytes, 64 << 20) / sizeof(int4)),
-        start(static_cast<std::size_t>(reps)),
-        stop(static_cast<std::size_t>(reps)),
-        us(static_cast<std::size_t>(reps)) {
-    flush.fill_bytes(0, s);
-  }
-  bool flush_l2;
-  DeviceBuffer<int4> flush;  // [4 x L2 bytes / 16]
-  DeviceBuffer<int> sink{1};
-  std::vector<Event> start, stop;  // [reps]
-  std::vector<double> us;          // [reps]
-};
-
-struct StepTimes {
-  double device_us = 0, host_us = 0;
-};
-
-StepTimes time_steps(Rig& rig, bool use_graphs, int reps, Timer& t, cudaStream_t s) {
-  rig.graphs->set_use_graphs(use_graphs);
-  const StepDesc d = rig.desc();
-  const StepPath want = use_graphs ? StepPath::kGraph : StepPath::kEager;
-  for (int i = 0; i < kWarmup; ++i) {
-    const StepPath p = rig.graphs->step(d, s);
-    GD_REQUIRE(p == want, "path", static_cast<int>(p), "the step did not take the expected path");
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  StepTimes r;
-  // Device time: the host runs ahead (bounded by StepInput's ring of two images).
-  for (int i = 0; i < reps; ++i) {
-    if (t.flush_l2) {
-      l2_flush_read<<<1024, 256, 0, s>>>(t.flush.data(), t.flush.size(), t.sink.data());
-      GD_CHECK_LAUNCH();
-    }
-    t.start[static_cast<std::size_t>(i)].record(s);
-    rig.graphs->step(d, s);
-    t.stop[static_cast<std::size_t>(i)].record(s);
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  for (int i = 0; i < reps; ++i) {
-    const auto u = static_cast<std::size_t>(i);
-    t.us[u] = 1e3 * t.stop[u].elapsed_ms_since(t.start[u]);
-  }
-  r.device_us = median(t.us);
-  // Host time: device drained first, so no back-pressure from the pinned ring is counted.
-  for (int i = 0; i < reps; ++i) {
-    GD_CUDA(cudaStreamSynchronize(s));
-    const auto t0 = std::chrono::steady_clock::now();
-    rig.graphs->step(d, s);
-    const auto t1 = std::chrono::steady_clock::now();
-    t.us[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-  }
-  GD_CUDA(cudaStreamSynchronize(s));
-  r.host_us = median(t.us);
-  return r;
-}
-
 // ---- results ------------------------------------------------------------------------------------
 
 struct Result {
@@ -290,13 +145,13 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, int rep
     r.note = "does not fit in device memory";
     return r;
   }
-  Rig rig(w, b, l, s);
+  DecodeRig rig(w, decode_options(b, l), b, l, {}, 0, kSeed, s);
   const std::size_t n = static_cast<std::size_t>(b) * static_cast<std::size_t>(c.vocab_size);
   std::vector<float> graph_logits(n), eager_logits(n);
-  r.graph = time_steps(rig, true, reps, t, s);
+  r.graph = time_steps(rig, true, kWarmup, reps, t, s);
   GD_CUDA(cudaMemcpyAsync(graph_logits.data(), rig.model->logits(), n * sizeof(float),
                           cudaMemcpyDeviceToHost, s));
-  r.eager = time_steps(rig, false, reps, t, s);
+  r.eager = time_steps(rig, false, kWarmup, reps, t, s);
   GD_CUDA(cudaMemcpyAsync(eager_logits.data(), rig.model->logits(), n * sizeof(float),
                           cudaMemcpyDeviceToHost, s));
   check_logits(r, *rig.model, graph_logits, eager_logits, s);
@@ -360,21 +215,6 @@ void write_json(const std::string& path, const cudaDeviceProp& dev, const ModelC
     f << "}" << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
-}
-
-// "1,8,64" -> {1, 8, 64}; every entry positive.
-std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<std::int32_t> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    char* end = nullptr;
-    const long x = std::strtol(item.c_str(), &end, 10);
-    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
-               "expected a comma-separated list of positive integers");
-    v.push_back(static_cast<std::int32_t>(x));
-  }
-  GD_REQUIRE(!v.empty(), flag, text, "empty list");
-  return v;
 }
 
 int run_main(int argc, char** argv) {

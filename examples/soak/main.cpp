@@ -18,7 +18,7 @@ namespace {
 void usage() {
   std::printf(
       "usage: soak [--seed S] [--requests N] [--max-batch B] [--max-context C] [--kv-pages P]\n"
-      "            [--speculative K [--ngram]] [--eager]\n"
+      "            [--speculative K [--ngram | --eagle]] [--eager]\n"
       "  --seed S         RNG seed of the request stream and the weights (default 1)\n"
       "  --requests N     requests submitted, bad ones included (default 10000)\n"
       "  --max-batch B    requests running at once (default 16)\n"
@@ -26,6 +26,7 @@ void usage() {
       "  --kv-pages P     full-pool pages (default: a third of the batch at max context)\n"
       "  --speculative K  speculative decoding, k = K, the target as its own draft\n"
       "  --ngram          with --speculative: prompt lookup instead of the draft model\n"
+      "  --eagle          with --speculative: a synthetic EAGLE head instead of the draft model\n"
       "  --eager          no CUDA graphs\n"
       "Exit status: 0 with no accounting error, 1 on any, 2 on a usage error or no GPU.\n");
 }
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
       c.max_draft_tokens = static_cast<std::int32_t>(next());
     } else if (a == "--ngram") {
       c.ngram = true;
+    } else if (a == "--eagle") {
+      c.eagle = true;
     } else if (a == "--eager") {
       c.use_graphs = false;
     } else {
@@ -73,7 +76,11 @@ int main(int argc, char** argv) {
     for (const std::string& e : r.first_errors) std::printf("ERROR %s\n", e.c_str());
     std::printf("soak: seed %llu, batch %d, context %d, k %d%s: %s\n",
                 static_cast<unsigned long long>(c.seed), c.max_batch, c.max_context,
-                c.max_draft_tokens, c.ngram ? " (prompt lookup)" : "", r.summary().c_str());
+                c.max_draft_tokens,
+                c.ngram   ? " (prompt lookup)"
+                : c.eagle ? " (EAGLE head)"
+                          : "",
+                r.summary().c_str());
     return r.errors == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "soak: %s\n", e.what());

@@ -14,6 +14,7 @@
 #include "common/request_rules.h"
 #include "engine/engine.h"
 #include "engine/model_config.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 #include "memory/kv_ledger.h"
 
@@ -425,9 +426,14 @@ SoakReport Soak::run() {
   if (c_.max_draft_tokens > 0) {
     ec.speculative.max_draft_tokens = c_.max_draft_tokens;
     if (c_.ngram) ec.speculative.proposer = SpecProposer::kNgram;
+    if (c_.eagle) ec.speculative.proposer = SpecProposer::kEagle;
     slack_ = c_.max_draft_tokens;
   }
-  engine_ = std::make_unique<Engine>(w, ec, c_.max_draft_tokens > 0 && !c_.ngram ? &w : nullptr);
+  const bool draft_model = c_.max_draft_tokens > 0 && !c_.ngram && !c_.eagle;
+  EagleWeights head;
+  if (c_.max_draft_tokens > 0 && c_.eagle) head = synthetic_eagle_weights(model_, c_.seed + 5);
+  engine_ = std::make_unique<Engine>(w, ec, draft_model ? &w : nullptr,
+                                     c_.max_draft_tokens > 0 && c_.eagle ? &head : nullptr);
   for (const std::int32_t n : {15, 16, 37, 70}) {  // page - 1, page, 2 pages + 5, 4 pages + 6
     std::vector<std::int32_t> sys(static_cast<std::size_t>(n));
     for (auto& t : sys) t = static_cast<std::int32_t>(rng_() % model_.vocab_size);

@@ -19,6 +19,7 @@ struct SoakCase {
   std::int64_t requests;
   std::int32_t k;
   bool ngram, graphs;
+  bool eagle = false;
 };
 
 class SoakGpu : public testing::GpuTest, public ::testing::WithParamInterface<SoakCase> {};
@@ -30,6 +31,7 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   c.requests = testing::sanitize_mode() ? p.requests / 20 : p.requests;
   c.max_draft_tokens = p.k;
   c.ngram = p.ngram;
+  c.eagle = p.eagle;
   c.use_graphs = p.graphs;
   const soak::SoakReport r = soak::run_soak(c);
   std::printf("[ soak %s ] seed %llu: %s\n", p.name, static_cast<unsigned long long>(c.seed),
@@ -52,7 +54,8 @@ INSTANTIATE_TEST_SUITE_P(Streams, SoakGpu,
                          ::testing::Values(SoakCase{"plain", 2000, 0, false, true},
                                            SoakCase{"draft_model", 600, 4, false, true},
                                            SoakCase{"prompt_lookup", 600, 3, true, true},
-                                           SoakCase{"eager", 400, 0, false, false}),
+                                           SoakCase{"eager", 400, 0, false, false},
+                                           SoakCase{"eagle_head", 600, 3, false, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -1,0 +1,211 @@
+// The decode-step rig bench_decode and bench_cross share: one model on its runtime with StepGraphs
+// captured for one bucket, B requests whose L + 1 KV positions (and encoder keys, for a cross
+// model) are reserved through the step's page ledger and filled with random bf16 (not prefilled),
+// the step's timing (device time by events around StepGraphs::step after an L2 flush, host time
+// with the device drained) and the comma-list flag parser. Header-only: each bench is one TU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.cuh"
+#include "common/buffers.h"
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/stream.h"
+#include "engine/llama_model.h"
+#include "engine/model_step.h"
+#include "engine/runtime/model_runtime.h"
+#include "engine/runtime/step_context.h"
+#include "engine/weights.h"
+#include "graphs/step_graphs.h"
+
+namespace graphdecode::bench {
+namespace {
+
+// Members are destroyed in reverse order: graphs, program, model, runtime, then the step.
+struct DecodeRig {
+  std::unique_ptr<StepContext> step;
+  std::unique_ptr<ModelRuntime> runtime;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ModelStep> program;
+  std::unique_ptr<StepGraphs> graphs;
+  std::vector<StepRequest> requests;  // [B] decode rows: prefix L, extend 1, encoder_len
+  std::vector<std::int32_t> tokens;   // [B]
+  std::int32_t encode_slot = 0;       // with encode_keys > 0: a slot holding that many cross keys
+
+  // `o` sizes the runtime (decode only: o.max_tokens >= b, o.max_kv_len >= l + 1, slots for b
+  // requests and the encode slot). `encoder_lens`: [b] keys per request, or empty (no cross).
+  DecodeRig(const HostWeights& w, const RuntimeOptions& o, std::int32_t b, std::int32_t l,
+            const std::vector<std::int32_t>& encoder_lens, std::int32_t encode_keys,
+            std::uint64_t seed, cudaStream_t s) {
+    const AttentionLayout layout = llama_attention_layout(w.config);
+    const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, o));
+    runtime = std::make_unique<ModelRuntime>(layout, o, *step, 0, s);
+    model = std::make_unique<LlamaModel>(w, o, s);
+    program = std::make_unique<ModelStep>(*runtime, *model);
+    StepGraphsConfig gc;
+    gc.buckets = {b};
+    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    KvLedger& ledger = step->ledger();
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(b));
+    for (auto& slot : slots) slot = ledger.acquire();
+    // L + 1 positions per request, a page at a time round-robin over requests (pages interleave
+    // as they would in a running engine), applied whenever the step-sized batches fill up.
+    for (std::int32_t done = 0; done < l + 1; done += o.page_size) {
+      for (std::int32_t slot : slots) {
+        if (!has_room()) apply_commands(s);
+        ledger.extend(slot, std::min(o.page_size, l + 1 - done));
+      }
+    }
+    apply_commands(s);
+    for (std::size_t r = 0; r < encoder_lens.size(); ++r) {
+      if (encoder_lens[r] == 0) continue;
+      ledger.set_encoder(slots[r], encoder_lens[r]);
+      apply_commands(s);
+    }
+    if (encode_keys > 0) {
+      encode_slot = ledger.acquire();
+      ledger.set_encoder(encode_slot, encode_keys);
+      apply_commands(s);
+    }
+    for (AttentionKind kind :
+         {AttentionKind::kFull, AttentionKind::kSliding, AttentionKind::kCross}) {
+      if (!runtime->has_pool(kind)) continue;
+      const KvPool& pool = runtime->pool(kind);
+      const KvPoolConfig& pc = pool.config();
+      const std::size_t elems = static_cast<std::size_t>(pc.geometry.num_pages) *
+                                pc.shape.num_kv_heads * pc.geometry.page_size * pc.shape.head_dim;
+      for (std::int32_t layer = 0; layer < pc.shape.num_layers; ++layer) {
+        const PagedKvView v = pool.view(layer);
+        for (void* p : {v.k, v.v})
+          fill_random(static_cast<std::uint16_t*>(p), elems,
+                      seed + static_cast<std::uint64_t>(layer) * 7 + kind_index(kind), s);
+      }
+    }
+    GD_CUDA(cudaStreamSynchronize(s));
+    for (std::int32_t r = 0; r < b; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      requests.push_back({slots[i], l, 1, encoder_lens.empty() ? 0 : encoder_lens[i]});
+      tokens.push_back((r * 7919 + 11) % w.config.vocab_size);
+    }
+    graphs->capture(s);
+  }
+
+  StepDesc desc() const {
+    StepDesc d;
+    d.mode = StepMode::kDecode;
+    d.tokens_per_request = 1;
+    d.requests = requests;
+    d.token_ids = tokens;
+    return d;  // no table commands: the pages were applied at setup
+  }
+
+ private:
+  bool has_room() const {
+    // One extend of <= one page: 2 commands, 2 page ids.
+    const KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i)
+      if (!ledger.commands(i).has_room(RequestSlots::kMaxCommandsPerOp, 2)) return false;
+    return true;
+  }
+  void apply_commands(cudaStream_t s) {
+    KvLedger& ledger = step->ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
+      const TableCommandBatch& c = ledger.commands(i);
+      if (!c.empty()) runtime->pool(ledger.config(i).geometry.kind).table().apply(c, s);
+    }
+    ledger.clear_commands();
+  }
+};
+
+// L2 flush buffer and per-rep events, made once (nothing is allocated in the timed loops).
+struct Timer {
+  Timer(int reps, bool flush_on, std::size_t l2_bytes, cudaStream_t s)
+      : flush_l2(flush_on),
+        flush(std::max<std::size_t>(4 * l2_bytes, 64 << 20) / sizeof(int4)),
+        start(static_cast<std::size_t>(reps)),
+        stop(static_cast<std::size_t>(reps)),
+        us(static_cast<std::size_t>(reps)) {
+    flush.fill_bytes(0, s);
+  }
+  void flush_now(cudaStream_t s) {
+    if (!flush_l2) return;
+    l2_flush_read<<<1024, 256, 0, s>>>(flush.data(), flush.size(), sink.data());
+    GD_CHECK_LAUNCH();
+  }
+  bool flush_l2;
+  DeviceBuffer<int4> flush;  // [4 x L2 bytes / 16]
+  DeviceBuffer<int> sink{1};
+  std::vector<Event> start, stop;  // [reps]
+  std::vector<double> us;          // [reps]
+};
+
+struct StepTimes {
+  double device_us = 0, host_us = 0;
+};
+
+StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Timer& t,
+                     cudaStream_t s) {
+  rig.graphs->set_use_graphs(use_graphs);
+  const StepDesc d = rig.desc();
+  const StepPath want = use_graphs ? StepPath::kGraph : StepPath::kEager;
+  for (int i = 0; i < warmup; ++i) {
+    const StepPath p = rig.graphs->step(d, s);
+    GD_REQUIRE(p == want, "path", static_cast<int>(p), "the step did not take the expected path");
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  StepTimes r;
+  // Device time: the host runs ahead (bounded by StepInput's ring of two images).
+  for (int i = 0; i < reps; ++i) {
+    t.flush_now(s);
+    t.start[static_cast<std::size_t>(i)].record(s);
+    rig.graphs->step(d, s);
+    t.stop[static_cast<std::size_t>(i)].record(s);
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  for (int i = 0; i < reps; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    t.us[u] = 1e3 * t.stop[u].elapsed_ms_since(t.start[u]);
+  }
+  r.device_us = median(t.us);
+  // Host time: device drained first, so no back-pressure from the pinned ring is counted.
+  for (int i = 0; i < reps; ++i) {
+    GD_CUDA(cudaStreamSynchronize(s));
+    const auto t0 = std::chrono::steady_clock::now();
+    rig.graphs->step(d, s);
+    const auto t1 = std::chrono::steady_clock::now();
+    t.us[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  }
+  GD_CUDA(cudaStreamSynchronize(s));
+  r.host_us = median(t.us);
+  return r;
+}
+
+// "1,8,64" -> {1, 8, 64}; every entry positive.
+std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<std::int32_t> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    char* end = nullptr;
+    const long x = std::strtol(item.c_str(), &end, 10);
+    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
+               "expected a comma-separated list of positive integers");
+    v.push_back(static_cast<std::int32_t>(x));
+  }
+  GD_REQUIRE(!v.empty(), flag, text, "empty list");
+  return v;
+}
+
+}  // namespace
+}  // namespace graphdecode::bench
