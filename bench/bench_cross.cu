@@ -167,25 +167,12 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, std::in
     return r;
   }
   DecodeRig rig(w, o, b, l, lens, max_enc, kSeed, s);
-  const std::size_t n = static_cast<std::size_t>(b) * static_cast<std::size_t>(c.vocab_size);
-  std::vector<float> graph_logits(n), eager_logits(n);
-  r.graph = time_steps(rig, true, kWarmup, reps, t, s);
-  GD_CUDA(cudaMemcpyAsync(graph_logits.data(), rig.model->logits(), n * sizeof(float),
-                          cudaMemcpyDeviceToHost, s));
-  r.eager = time_steps(rig, false, kWarmup, reps, t, s);
-  GD_CUDA(cudaMemcpyAsync(eager_logits.data(), rig.model->logits(), n * sizeof(float),
-                          cudaMemcpyDeviceToHost, s));
-  GD_CUDA(cudaStreamSynchronize(s));
-  double sq = 0;
-  bool finite = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(graph_logits[i]) && std::isfinite(eager_logits[i]);
-    r.graph_eager_max_diff =
-        std::max(r.graph_eager_max_diff, std::abs(double(graph_logits[i]) - eager_logits[i]));
-    sq += double(graph_logits[i]) * graph_logits[i];
-  }
-  r.logit_rms = std::sqrt(sq / static_cast<double>(n));
-  r.sane = finite && r.logit_rms > 1e-3;
+  const GraphEagerRun run = time_graph_and_eager(rig, c.vocab_size, kWarmup, reps, t, s);
+  r.graph = run.graph;
+  r.eager = run.eager;
+  r.logit_rms = run.logit_rms;
+  r.graph_eager_max_diff = run.graph_eager_max_diff;
+  r.sane = run.sane;
   const double kv_row = 2.0 * c.num_key_value_heads * c.head_dim * 2.0;  // K + V of one key
   const double embed = static_cast<double>(c.input_vocab_size()) * c.hidden_size * 2.0;
   r.weight_bytes = static_cast<double>(w.total_bytes()) - embed - cross_kv_weight_bytes(c) +

@@ -110,25 +110,6 @@ struct Result {
   double gbps() const { return (weight_bytes + kv_bytes) / (graph.device_us * 1e-6) / 1e9; }
 };
 
-// Logits [B][vocab] of the last step: all finite and not all zero, or the forward is broken.
-void check_logits(Result& r, const LlamaModel& m, std::vector<float>& graph_logits,
-                  std::vector<float>& eager_logits, cudaStream_t s) {
-  std::int32_t bad = 0;
-  GD_CUDA(cudaMemcpyAsync(&bad, m.bad_token_flag(), sizeof(bad), cudaMemcpyDeviceToHost, s));
-  GD_CUDA(cudaStreamSynchronize(s));
-  double sq = 0;
-  bool finite = bad == 0;
-  for (std::size_t i = 0; i < graph_logits.size(); ++i) {
-    const double g = graph_logits[i];
-    finite = finite && std::isfinite(g) && std::isfinite(eager_logits[i]);
-    r.logit_max_abs = std::max(r.logit_max_abs, std::abs(g));
-    r.graph_eager_max_diff = std::max(r.graph_eager_max_diff, std::abs(g - eager_logits[i]));
-    sq += g * g;
-  }
-  r.logit_rms = std::sqrt(sq / static_cast<double>(graph_logits.size()));
-  r.sane = finite && r.logit_rms > 1e-3;
-}
-
 Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, int reps, double copy_gbps,
                    Timer& t, cudaStream_t s) {
   Result r;
@@ -146,15 +127,13 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, int rep
     return r;
   }
   DecodeRig rig(w, decode_options(b, l), b, l, {}, 0, kSeed, s);
-  const std::size_t n = static_cast<std::size_t>(b) * static_cast<std::size_t>(c.vocab_size);
-  std::vector<float> graph_logits(n), eager_logits(n);
-  r.graph = time_steps(rig, true, kWarmup, reps, t, s);
-  GD_CUDA(cudaMemcpyAsync(graph_logits.data(), rig.model->logits(), n * sizeof(float),
-                          cudaMemcpyDeviceToHost, s));
-  r.eager = time_steps(rig, false, kWarmup, reps, t, s);
-  GD_CUDA(cudaMemcpyAsync(eager_logits.data(), rig.model->logits(), n * sizeof(float),
-                          cudaMemcpyDeviceToHost, s));
-  check_logits(r, *rig.model, graph_logits, eager_logits, s);
+  const GraphEagerRun run = time_graph_and_eager(rig, c.vocab_size, kWarmup, reps, t, s);
+  r.graph = run.graph;
+  r.eager = run.eager;
+  r.logit_max_abs = run.logit_max_abs;
+  r.logit_rms = run.logit_rms;
+  r.graph_eager_max_diff = run.graph_eager_max_diff;
+  r.sane = run.sane;
   // Every tensor once: the tied lm_head reads the whole embedding (the B gathered rows are not
   // counted again).
   r.weight_bytes = static_cast<double>(w.total_bytes());

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -189,6 +190,44 @@ StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Time
   }
   GD_CUDA(cudaStreamSynchronize(s));
   r.host_us = median(t.us);
+  return r;
+}
+
+// The rig's step timed by graph replay, then eagerly, with a sanity check of the logits each path
+// left: finite, not all zero (rms > 1e-3), no bad token id seen, and how far graph and eager
+// differ.
+struct GraphEagerRun {
+  StepTimes graph, eager;
+  double logit_max_abs = 0, logit_rms = 0, graph_eager_max_diff = 0;
+  bool sane = false;
+};
+
+GraphEagerRun time_graph_and_eager(DecodeRig& rig, std::int32_t vocab, int warmup, int reps,
+                                   Timer& t, cudaStream_t s) {
+  const std::size_t n = rig.requests.size() * static_cast<std::size_t>(vocab);
+  std::vector<float> graph_logits(n), eager_logits(n);
+  GraphEagerRun r;
+  r.graph = time_steps(rig, true, warmup, reps, t, s);
+  GD_CUDA(cudaMemcpyAsync(graph_logits.data(), rig.model->logits(), n * sizeof(float),
+                          cudaMemcpyDeviceToHost, s));
+  r.eager = time_steps(rig, false, warmup, reps, t, s);
+  GD_CUDA(cudaMemcpyAsync(eager_logits.data(), rig.model->logits(), n * sizeof(float),
+                          cudaMemcpyDeviceToHost, s));
+  std::int32_t bad = 0;
+  GD_CUDA(
+      cudaMemcpyAsync(&bad, rig.model->bad_token_flag(), sizeof(bad), cudaMemcpyDeviceToHost, s));
+  GD_CUDA(cudaStreamSynchronize(s));
+  double sq = 0;
+  bool finite = bad == 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = graph_logits[i];
+    finite = finite && std::isfinite(g) && std::isfinite(eager_logits[i]);
+    r.logit_max_abs = std::max(r.logit_max_abs, std::abs(g));
+    r.graph_eager_max_diff = std::max(r.graph_eager_max_diff, std::abs(g - eager_logits[i]));
+    sq += g * g;
+  }
+  r.logit_rms = std::sqrt(sq / static_cast<double>(n));
+  r.sane = finite && r.logit_rms > 1e-3;
   return r;
 }
 

@@ -47,6 +47,9 @@ import numpy as np
 import torch
 import transformers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_parity import margin, worst_rel  # noqa: E402
+
 VOCAB = 512
 IMAGE_TOKEN = VOCAB          # the first of the 8 input-only ids
 HIDDEN = 256
@@ -248,24 +251,6 @@ def run_ours(binary, ckpt, prompts_file, enc_file, lens, new_tokens, graphs, out
     meta = json.load(open(out + ".json"))
     raw = np.fromfile(out + ".f32", dtype=np.float32)
     return meta, raw.reshape(meta["steps"], meta["batch"], meta["vocab"])
-
-
-def first_divergence(a, b):
-    return next((s for s in range(len(a)) if s >= len(b) or a[s] != b[s]), None)
-
-
-def worst_rel(ref, other, ref_toks, other_toks):
-    """max over steps of max|other - ref| / max|ref|, up to and including the first divergence."""
-    div = first_divergence(ref_toks, other_toks)
-    upto = len(ref_toks) if div is None else div + 1
-    h, o = ref[:upto], other[:upto]
-    rel = float((np.abs(o - h).max(axis=1) / np.maximum(np.abs(h).max(axis=1), 1e-12)).max())
-    return (rel if np.isfinite(rel) else float("inf")), div
-
-
-def margin(logits):
-    top2 = np.sort(logits, axis=1)[:, -2:]
-    return float((top2[:, 1] - top2[:, 0]).min())
 
 
 def main():

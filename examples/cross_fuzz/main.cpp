@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <random>
@@ -29,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/reference.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
 #include "common/error.h"
@@ -165,12 +165,7 @@ class Fuzzer {
       r.encoder_len = draw_encoder_len();
       std::normal_distribution<float> n(0.f, 1.f);
       r.states.resize(static_cast<std::size_t>(r.encoder_len) * config_.hidden_size);
-      for (auto& x : r.states) {
-        const float f = n(rng_);
-        std::uint32_t u;
-        std::memcpy(&u, &f, 4);
-        x = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-      }
+      for (auto& x : r.states) x = reference::float_to_bf16(n(rng_));
       r.prompt_len = uniform(1, 60);
       for (std::int32_t t = 0; t < r.prompt_len; ++t)
         r.tokens.push_back(uniform(0, config_.input_vocab_size() - 1));

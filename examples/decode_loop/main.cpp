@@ -22,12 +22,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "attention/reference.h"
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/device.h"
@@ -120,13 +120,7 @@ std::vector<std::uint16_t> synthetic_states(std::int32_t rows, std::int32_t hidd
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> n(0.f, 1.f);
   std::vector<std::uint16_t> s(static_cast<std::size_t>(rows) * hidden);
-  for (auto& x : s) {
-    const float f = n(rng);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >>
-                                   16);  // round to nearest even
-  }
+  for (auto& x : s) x = reference::float_to_bf16(n(rng));
   return s;
 }
 

@@ -23,7 +23,6 @@
 #include "attention_check.h"  // test_rng / seed_note / sanitize_mode
 #include "common/stream.h"
 #include "eagle_reference.h"
-#include "eagle_run.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/llama_model.h"
@@ -36,13 +35,14 @@
 #include "engine/spec/spec_step.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
+#include "spec_run.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
 namespace {
 
-using testing::EagleRun;
+using testing::SpecRun;
 
 class EagleGpu : public testing::GpuTest {};
 
@@ -154,7 +154,7 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
   if (GetParam()) head = with_input_norm_and_embedding(head, rng());
   const auto prompts = prompts_for(config, rng);
   const std::int32_t k = 3;
-  EagleRun run(target, head, 4, k, true);
+  SpecRun run(target, head, 4, k, true);
   const auto H = static_cast<std::size_t>(config.hidden_size);
   const auto V = static_cast<std::size_t>(config.vocab_size);
   const std::size_t stride = static_cast<std::size_t>(k) + 1;
@@ -166,7 +166,7 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
   for (const auto& p : prompts) rows += p.size();
   const auto hidden = run.download(run.target->hidden_states(), rows * H);
   const auto carry =
-      run.download(run.proposer->carry(), static_cast<std::size_t>(run.cap.max_slots) * stride * H);
+      run.download(run.eagle().carry(), static_cast<std::size_t>(run.cap.max_slots) * stride * H);
   // The captured states are what lm_head reads: the prefill's logits (each prompt's last row)
   // are lm_head times its state, up to fp32 accumulation.
   const auto logits = run.download(run.target->logits(), prompts.size() * V);
@@ -205,7 +205,7 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
       run.download(run.proposer->draft_logits(), static_cast<std::size_t>(k) * 4 * V);
   const auto verify_hidden = run.download(run.target->hidden_states(), 4 * stride * H);
   const auto carry2 =
-      run.download(run.proposer->carry(), static_cast<std::size_t>(run.cap.max_slots) * stride * H);
+      run.download(run.eagle().carry(), static_cast<std::size_t>(run.cap.max_slots) * stride * H);
   double worst = 0;
   for (std::size_t r = 0; r < prompts.size(); ++r) {
     const auto L = prompts[r].size();
@@ -265,7 +265,7 @@ TEST_F(EagleGpu, GraphReplayEqualsEagerBitwise) {
   const EagleWeights head = synthetic_eagle_weights(config, rng());
   const auto prompts = prompts_for(config, rng);
   const std::int32_t kmax = 4;
-  EagleRun replay(target, head, 4, kmax, true), eager(target, head, 4, kmax, false);
+  SpecRun replay(target, head, 4, kmax, true), eager(target, head, 4, kmax, false);
   std::vector<StepRequest> rq, eq;
   std::vector<SpecRequestState> rs, es;
   replay.prefill(prompts, rq, rs);
@@ -283,8 +283,8 @@ TEST_F(EagleGpu, GraphReplayEqualsEagerBitwise) {
     const auto lb = eager.download(eager.proposer->draft_logits(), kmax * 4 * V);
     EXPECT_TRUE(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0)
         << "step " << s << ": draft logits differ";
-    EXPECT_EQ(replay.download(replay.proposer->carry(), carry_words),
-              eager.download(eager.proposer->carry(), carry_words))
+    EXPECT_EQ(replay.download(replay.eagle().carry(), carry_words),
+              eager.download(eager.eagle().carry(), carry_words))
         << "step " << s << ": carried states differ";
   }
   EXPECT_EQ(replay.graph_steps, replay.steps - 1);  // all but the prefill replayed
@@ -360,7 +360,7 @@ TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
   {  // a random head: its drafts are (nearly) all rejected; k cycling 0 .. 4
     const HostWeights target = synthetic_weights(config, seed);
     const GenerateResult plain = generate_greedy(target, prompts, go, stream.get());
-    EagleRun run(target, synthetic_eagle_weights(config, seed + 1), 4, 4, graphs);
+    SpecRun run(target, synthetic_eagle_weights(config, seed + 1), 4, 4, graphs);
     const auto spec =
         run.generate(prompts, new_tokens, [](std::int64_t s) { return static_cast<int>(s % 5); });
     near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "random head");
@@ -374,7 +374,7 @@ TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
     EagleWeights head = synthetic_eagle_weights(config, seed + 3);
     make_bigram(target, head);
     const GenerateResult plain = generate_greedy(target, prompts, go, stream.get());
-    EagleRun run(target, head, 4, 4, graphs);
+    SpecRun run(target, head, 4, 4, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 4; });
     near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "bigram head");
     const double rate = static_cast<double>(run.accepted) / static_cast<double>(run.drafted);

@@ -32,6 +32,7 @@
 #include "engine/weights.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
+#include "spec_run.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -178,137 +179,7 @@ TEST_F(SpecGpu, PromptLookupProposesWhatTheCpuRuleProposes) {
 
 // ---- whole speculative steps against plain greedy -----------------------------------------------
 
-// A target and its draft on one step context; prefill and speculative steps driven like an
-// engine drives them (ledger extends through the spec book, one image, one read-back per step).
-struct SpecRun {
-  RuntimeOptions options;
-  AttentionLayout target_layout, draft_layout;
-  StepCapacity cap;
-  Stream stream;
-  std::unique_ptr<StepContext> step;
-  std::unique_ptr<ModelRuntime> target_rt, draft_rt;
-  std::unique_ptr<LlamaModel> target, draft;
-  std::unique_ptr<SpecStep> program;
-  std::unique_ptr<DraftProposer> proposer;
-  std::unique_ptr<StepGraphs> graphs;
-  std::vector<std::int32_t> published;
-  std::int64_t drafted = 0, accepted = 0, steps = 0, graph_steps = 0;
-
-  // `d`: the draft model, or nullptr for prompt lookup.
-  SpecRun(const HostWeights& t, const HostWeights* d, std::int32_t max_batch, std::int32_t k_max,
-          bool use_graphs)
-      : target_layout(llama_attention_layout(t.config)) {
-    options.max_batch = max_batch;
-    options.max_tokens = 256;
-    options.max_kv_len = 256;
-    options.max_logit_rows = max_batch * (k_max + 1);
-    std::vector<AttentionLayout> models = {target_layout};
-    if (d) models.push_back(draft_layout = llama_attention_layout(d->config));
-    cap = step_capacity(options, models);
-    cap.aux_words = SamplingWords::kCount;
-    cap.max_draft_tokens = k_max;
-    step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
-    target_rt = std::make_unique<ModelRuntime>(target_layout, options, *step, 0, stream.get());
-    target = std::make_unique<LlamaModel>(t, options, stream.get());
-    program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
-    if (d) {
-      draft_rt = std::make_unique<ModelRuntime>(draft_layout, options, *step, 1, stream.get());
-      draft = std::make_unique<LlamaModel>(*d, options, stream.get());
-      proposer = std::make_unique<DraftModelProposer>(*draft_rt, *draft, stream.get());
-    } else {
-      proposer = std::make_unique<NgramProposer>(step->prep(), NgramConfig{}, stream.get());
-    }
-    program->set_proposer(*proposer);
-    StepGraphsConfig gc;
-    gc.use_graphs = use_graphs;
-    for (std::int32_t k = 0; k <= k_max; ++k) gc.modes.push_back({StepMode::kSpeculative, k});
-    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
-    graphs->capture(stream.get());
-    published.resize(static_cast<std::size_t>(max_batch) * program->stride() + 1);
-  }
-
-  void run(StepDesc& d, std::vector<std::int32_t>& aux) {
-    aux.assign(d.requests.size() * SamplingWords::kCount, 0);
-    for (std::size_t r = 0; r < d.requests.size(); ++r)
-      SamplingWords::write(
-          SamplingParams{}, -1,
-          std::span<std::int32_t>(aux).subspan(r * SamplingWords::kCount, SamplingWords::kCount));
-    d.aux = aux;
-    step->attach_commands(d);
-    graph_steps += graphs->step(d, stream.get()) == StepPath::kGraph;
-    ++steps;
-    step->ledger().clear_commands();
-    GD_CUDA(cudaMemcpyAsync(published.data(), program->published(),
-                            published.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                            stream.get()));
-    GD_CUDA(cudaStreamSynchronize(stream.get()));
-    ASSERT_EQ(published.back(), 0) << "a model saw a token id outside the vocabulary";
-  }
-
-  std::span<const std::int32_t> committed(std::size_t r) const {
-    const std::int32_t* row = published.data() + r * program->stride();
-    return {row + 1, static_cast<std::size_t>(row[0])};
-  }
-
-  // Greedy generation of `new_tokens` per prompt: a prefill, then speculative steps of k drafts
-  // (k_of(step) per step). Every request runs to at least new_tokens; the tokens past are cut.
-  std::vector<std::vector<std::int32_t>> generate(
-      const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t new_tokens,
-      const std::function<std::int32_t(std::int64_t)>& k_of) {
-    KvLedger& ledger = step->ledger();
-    std::vector<StepRequest> req(prompts.size());
-    std::vector<std::int32_t> ids, aux;
-    std::vector<SpecRequestState> state(prompts.size());
-    std::vector<std::vector<std::int32_t>> out(prompts.size());
-    for (std::size_t r = 0; r < prompts.size(); ++r) {
-      req[r].slot = ledger.acquire();
-      req[r].extend_len = static_cast<std::int32_t>(prompts[r].size());
-      ledger.extend(req[r].slot, req[r].extend_len);  // both models
-      ids.insert(ids.end(), prompts[r].begin(), prompts[r].end());
-    }
-    StepDesc d;
-    d.mode = StepMode::kExtend;
-    d.requests = req;
-    d.token_ids = ids;
-    run(d, aux);
-    for (std::size_t r = 0; r < prompts.size(); ++r) {
-      const auto c = committed(r);
-      const auto len = static_cast<std::int32_t>(prompts[r].size());
-      state[r] = SpecRequestState{len, len, {c.begin(), c.end()}};
-      out[r].assign(c.begin(), c.end());
-    }
-    for (std::int64_t s = 0;; ++s) {
-      bool done = true;
-      for (const auto& o : out) done &= static_cast<std::int32_t>(o.size()) >= new_tokens;
-      if (done) break;
-      const std::int32_t k = k_of(s);
-      ids.clear();
-      for (std::size_t r = 0; r < prompts.size(); ++r) {
-        reserve_spec_step(ledger, req[r].slot, state[r], k);
-        req[r].prefix_len = state[r].draft_cached;
-        req[r].extend_len = static_cast<std::int32_t>(state[r].pending.size());
-        ids.insert(ids.end(), state[r].pending.begin(), state[r].pending.end());
-      }
-      StepDesc sd;
-      sd.mode = StepMode::kSpeculative;
-      sd.tokens_per_request = k;
-      sd.requests = req;
-      sd.token_ids = ids;
-      run(sd, aux);
-      for (std::size_t r = 0; r < prompts.size(); ++r) {
-        const auto c = committed(r);
-        EXPECT_GE(c.size(), 1u);
-        EXPECT_LE(c.size(), static_cast<std::size_t>(k + 1));
-        drafted += k;
-        accepted += static_cast<std::int64_t>(c.size()) - 1;
-        commit_spec_step(ledger, req[r].slot, state[r], c);
-        out[r].insert(out[r].end(), c.begin(), c.end());
-      }
-    }
-    for (auto& o : out) o.resize(static_cast<std::size_t>(new_tokens));
-    return out;
-  }
-};
+using testing::SpecRun;
 
 std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c, testing::Rng& rng) {
   std::vector<std::vector<std::int32_t>> p;

@@ -1,6 +1,6 @@
-// Test support: a target and an EAGLE head in one speculative step program (SpecStep with an
-// EagleProposer on one step context), driven like the engine drives it: the host book of each
-// request (engine/spec/spec_book.h), one image and one read-back per step.
+// Test support: a target and a proposer (a draft model, prompt lookup or an EAGLE head) in one
+// speculative step program (SpecStep on one step context), driven like the engine drives it: the
+// host book of each request (engine/spec/spec_book.h), one image and one read-back per step.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,51 +17,60 @@
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/step_context.h"
 #include "engine/spec/eagle_proposer.h"
+#include "engine/spec/proposer.h"
 #include "engine/spec/spec_book.h"
 #include "engine/spec/spec_step.h"
 #include "graphs/step_graphs.h"
 
 namespace graphdecode::testing {
 
-struct EagleRun {
+struct SpecRun {
   RuntimeOptions options;
   StepCapacity cap;
   Stream stream;
   std::unique_ptr<StepContext> step;
-  std::unique_ptr<ModelRuntime> target_rt, head_rt;
-  std::unique_ptr<LlamaModel> target;
+  std::unique_ptr<ModelRuntime> target_rt, draft_rt;  // draft_rt: the draft model's or the head's
+  std::unique_ptr<LlamaModel> target, draft;          // draft: a draft model only
   std::unique_ptr<SpecStep> program;
-  std::unique_ptr<EagleProposer> proposer;
+  std::unique_ptr<DraftProposer> proposer;
   std::unique_ptr<StepGraphs> graphs;
   std::vector<std::int32_t> published;
   std::int64_t drafted = 0, accepted = 0, steps = 0, graph_steps = 0;
 
-  EagleRun(const HostWeights& t, const EagleWeights& h, std::int32_t max_batch, std::int32_t k_max,
-           bool use_graphs) {
-    options.max_batch = max_batch;
-    options.max_tokens = 256;
-    options.max_kv_len = 256;
-    options.max_logit_rows = max_batch * (k_max + 1);
+  // `d`: the draft model, or nullptr for prompt lookup.
+  SpecRun(const HostWeights& t, const HostWeights* d, std::int32_t max_batch, std::int32_t k_max,
+          bool use_graphs) {
+    std::vector<AttentionLayout> models = {llama_attention_layout(t.config)};
+    if (d) models.push_back(llama_attention_layout(d->config));
+    begin(models, max_batch, k_max);
+    target = std::make_unique<LlamaModel>(t, options, stream.get());
+    program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
+    if (d) {
+      draft_rt = std::make_unique<ModelRuntime>(models[1], options, *step, 1, stream.get());
+      draft = std::make_unique<LlamaModel>(*d, options, stream.get());
+      proposer = std::make_unique<DraftModelProposer>(*draft_rt, *draft, stream.get());
+    } else {
+      proposer = std::make_unique<NgramProposer>(step->prep(), NgramConfig{}, stream.get());
+    }
+    finish(max_batch, k_max, use_graphs);
+  }
+
+  // An EAGLE head proposes (the target keeps its hidden states for it).
+  SpecRun(const HostWeights& t, const EagleWeights& h, std::int32_t max_batch, std::int32_t k_max,
+          bool use_graphs) {
     const std::vector<AttentionLayout> models = {llama_attention_layout(t.config),
                                                  llama_attention_layout(h.config.layer)};
-    cap = step_capacity(options, models);
-    cap.aux_words = SamplingWords::kCount;
-    cap.max_draft_tokens = k_max;
-    step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
-    target_rt = std::make_unique<ModelRuntime>(models[0], options, *step, 0, stream.get());
-    head_rt = std::make_unique<ModelRuntime>(models[1], options, *step, 1, stream.get());
+    begin(models, max_batch, k_max);
+    draft_rt = std::make_unique<ModelRuntime>(models[1], options, *step, 1, stream.get());
     target = std::make_unique<LlamaModel>(t, options, stream.get());
     target->enable_hidden_states(stream.get());
     program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
-    proposer = std::make_unique<EagleProposer>(*head_rt, h, *target, options, stream.get());
-    program->set_proposer(*proposer);
-    StepGraphsConfig gc;
-    gc.use_graphs = use_graphs;
-    for (std::int32_t k = 0; k <= k_max; ++k) gc.modes.push_back({StepMode::kSpeculative, k});
-    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
-    graphs->capture(stream.get());
-    published.resize(static_cast<std::size_t>(max_batch) * program->stride() + 1);
+    proposer = std::make_unique<EagleProposer>(*draft_rt, h, *target, options, stream.get());
+    finish(max_batch, k_max, use_graphs);
   }
+
+  // The EAGLE head's proposer (the second constructor only).
+  EagleProposer& eagle() { return static_cast<EagleProposer&>(*proposer); }
 
   void run(StepDesc& d, std::vector<std::int32_t>& aux) {
     aux.assign(d.requests.size() * SamplingWords::kCount, 0);
@@ -150,6 +159,8 @@ struct EagleRun {
     return out;
   }
 
+  // Greedy generation of `new_tokens` per prompt: a prefill, then speculative steps of k drafts
+  // (k_of(step) per step). Every request runs to at least new_tokens; the tokens past are cut.
   std::vector<std::vector<std::int32_t>> generate(
       const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t new_tokens,
       const std::function<std::int32_t(std::int64_t)>& k_of) {
@@ -168,6 +179,29 @@ struct EagleRun {
     }
     for (auto& o : out) o.resize(static_cast<std::size_t>(new_tokens));
     return out;
+  }
+
+ private:
+  void begin(const std::vector<AttentionLayout>& models, std::int32_t max_batch,
+             std::int32_t k_max) {
+    options.max_batch = max_batch;
+    options.max_tokens = 256;
+    options.max_kv_len = 256;
+    options.max_logit_rows = max_batch * (k_max + 1);
+    cap = step_capacity(options, models);
+    cap.aux_words = SamplingWords::kCount;
+    cap.max_draft_tokens = k_max;
+    step = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
+    target_rt = std::make_unique<ModelRuntime>(models[0], options, *step, 0, stream.get());
+  }
+  void finish(std::int32_t max_batch, std::int32_t k_max, bool use_graphs) {
+    program->set_proposer(*proposer);
+    StepGraphsConfig gc;
+    gc.use_graphs = use_graphs;
+    for (std::int32_t k = 0; k <= k_max; ++k) gc.modes.push_back({StepMode::kSpeculative, k});
+    graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    graphs->capture(stream.get());
+    published.resize(static_cast<std::size_t>(max_batch) * program->stride() + 1);
   }
 };
 
