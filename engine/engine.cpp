@@ -193,7 +193,7 @@ bool Engine::step() {
   scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);
   runner_->retire(events_);
   in_callbacks_ = true;
-  delivered_ = 0;
+  std::int64_t delivered = 0;  // token events delivered (a callback's cancel() drops later ones)
   // A callback that throws stops neither the step's other events nor the cancellations: the
   // first exception is rethrown once every event was delivered and the step recorded.
   std::exception_ptr first_error;
@@ -208,7 +208,7 @@ bool Engine::step() {
     // A request cancelled by an earlier callback of this step gets no more tokens.
     const auto cancelled = [&e](const TokenEvent& c) { return c.id == e.id; };
     if (std::none_of(cancel_events_.begin(), cancel_events_.end(), cancelled)) {
-      ++delivered_;
+      ++delivered;
       deliver_safely(e);
     }
   }
@@ -217,7 +217,7 @@ bool Engine::step() {
   in_callbacks_ = false;
   cancel_events_.clear();
   record(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
-         result_);
+         result_, delivered);
   if (first_error) std::rethrow_exception(first_error);
   return true;
 }
@@ -246,7 +246,7 @@ void Engine::cancel(RequestId id) {
   }
 }
 
-void Engine::record(double us, const StepResult& r) {
+void Engine::record(double us, const StepResult& r, std::int64_t delivered) {
   ++stats_.steps;
   (r.path == StepPath::kGraph ? stats_.graph_steps : stats_.eager_steps) += 1;
   if (plan_.kind == StepKind::kDecode) {
@@ -269,8 +269,7 @@ void Engine::record(double us, const StepResult& r) {
     ++stats_.prefill_steps;
     for (const PlannedRequest& p : plan_.requests) stats_.prompt_tokens += p.extend_len;
   }
-  // Tokens a callback's cancel() suppressed later in the step were never delivered.
-  stats_.generated_tokens += delivered_;
+  stats_.generated_tokens += delivered;
   for (const TokenEvent& e : events_) stats_.finished += e.finished ? 1 : 0;
   stats_.busy_s += us * 1e-6;
 }

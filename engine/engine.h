@@ -176,7 +176,7 @@ class Engine {
 
  private:
   void require_healthy() const;
-  void record(double us, const StepResult& result);
+  void record(double us, const StepResult& result, std::int64_t delivered);
   void deliver(const TokenEvent& e);
 
   EngineConfig config_;
@@ -190,7 +190,6 @@ class Engine {
   StepResult result_;
   std::vector<TokenEvent> events_;
   bool in_callbacks_ = false;              // step() is delivering events_
-  std::int64_t delivered_ = 0;             // token events of this step that were delivered
   std::vector<TokenEvent> cancel_events_;  // cancellations made from a callback, delivered next
 
   std::string failure_;  // what failed the engine (empty: healthy)
