@@ -37,6 +37,10 @@ bool parse_dtype(const std::string& s, TensorDType& out) {
     out = TensorDType::kF16;
   else if (s == "F32")
     out = TensorDType::kF32;
+  else if (s == "I64")
+    out = TensorDType::kI64;
+  else if (s == "BOOL")
+    out = TensorDType::kBool;
   else
     return false;
   return true;
@@ -59,12 +63,27 @@ std::string_view tensor_dtype_name(TensorDType t) {
       return "F16";
     case TensorDType::kF32:
       return "F32";
+    case TensorDType::kI64:
+      return "I64";
+    case TensorDType::kBool:
+      return "BOOL";
   }
   return "?";
 }
 
 std::size_t tensor_dtype_bytes(TensorDType t) {
-  return t == TensorDType::kF32 ? 4 : 2;
+  switch (t) {
+    case TensorDType::kF32:
+      return 4;
+    case TensorDType::kI64:
+      return 8;
+    case TensorDType::kBool:
+      return 1;
+    case TensorDType::kBF16:
+    case TensorDType::kF16:
+      break;
+  }
+  return 2;
 }
 
 std::int64_t TensorInfo::numel() const {
@@ -176,7 +195,7 @@ void SafetensorsFile::parse_header() {
     const auto dt = entry.find("dtype");
     if (dt == entry.end() || !dt->is_string() || !parse_dtype(dt->get<std::string>(), t.dtype))
       fail(path_, name + ".dtype", dt == entry.end() ? "(missing)" : dt->dump(),
-           "unsupported dtype (BF16, F16, F32 are supported)");
+           "unsupported dtype (BF16, F16, F32, I64, BOOL are supported)");
     const auto sh = entry.find("shape");
     if (sh == entry.end() || !sh->is_array())
       fail(path_, name + ".shape", sh == entry.end() ? "(missing)" : sh->dump(),

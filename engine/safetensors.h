@@ -20,8 +20,10 @@
 
 namespace graphdecode {
 
-// The element types a checkpoint of a bf16 engine may hold; others are refused.
-enum class TensorDType : std::uint8_t { kBF16, kF16, kF32 };
+// The element types a checkpoint of a bf16 engine may hold; others are refused. The integer and
+// boolean types carry index tables (an EAGLE-3 head's d2t [I64] and t2d [BOOL]), never weights:
+// loaders that read floats refuse them by name (tensor_to_bf16 in engine/weights.h).
+enum class TensorDType : std::uint8_t { kBF16, kF16, kF32, kI64, kBool };
 std::string_view tensor_dtype_name(TensorDType t);  // the safetensors spelling: "BF16", ...
 std::size_t tensor_dtype_bytes(TensorDType t);
 

@@ -13,33 +13,6 @@ void add(std::vector<TensorSpec>& out, std::string name, std::vector<std::int64_
   out.push_back({std::move(name), std::move(shape)});
 }
 
-// Rounds one checkpoint tensor to bf16. Reads through memcpy: safetensors data need not be
-// aligned for its element type.
-void to_bf16(const TensorInfo& t, std::vector<std::uint16_t>& out) {
-  const std::size_t n = static_cast<std::size_t>(t.numel());
-  out.resize(n);
-  const std::byte* src = t.data.data();
-  switch (t.dtype) {
-    case TensorDType::kBF16:
-      if (n) std::memcpy(out.data(), src, n * 2);
-      break;
-    case TensorDType::kF16:
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = reference::float_to_bf16(reference::fp16_to_float(h));
-      }
-      break;
-    case TensorDType::kF32:
-      for (std::size_t i = 0; i < n; ++i) {
-        float f;
-        std::memcpy(&f, src + 4 * i, 4);
-        out[i] = reference::float_to_bf16(f);
-      }
-      break;
-  }
-}
-
 }  // namespace
 
 std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
@@ -181,9 +154,41 @@ HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint&
   for (const TensorSpec& s : specs) {
     HostTensor& h = w.tensors[s.name];
     h.shape = s.shape;
-    to_bf16(*ckpt.find(stored(s)), h.data);
+    h.data = tensor_to_bf16(*ckpt.find(stored(s)), ckpt.file_of(stored(s)), stored(s));
   }
   return w;
+}
+
+std::vector<std::uint16_t> tensor_to_bf16(const TensorInfo& t, const std::string& file,
+                                          const std::string& name) {
+  const auto n = static_cast<std::size_t>(t.numel());
+  std::vector<std::uint16_t> out(n);
+  // Reads through memcpy: safetensors data need not be aligned for its element type.
+  const std::byte* src = t.data.data();
+  switch (t.dtype) {
+    case TensorDType::kBF16:
+      if (n) std::memcpy(out.data(), src, n * 2);
+      break;
+    case TensorDType::kF16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = reference::float_to_bf16(reference::fp16_to_float(h));
+      }
+      break;
+    case TensorDType::kF32:
+      for (std::size_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, src + 4 * i, 4);
+        out[i] = reference::float_to_bf16(f);
+      }
+      break;
+    case TensorDType::kI64:
+    case TensorDType::kBool:
+      throw Error("a weight must be a float tensor (BF16, F16 or F32)", file, name,
+                  std::string(tensor_dtype_name(t.dtype)));
+  }
+  return out;
 }
 
 HostWeights load_checkpoint(const std::string& dir) {

@@ -64,6 +64,11 @@ struct HostWeights {
   std::size_t total_bytes() const;
 };
 
+// A checkpoint tensor rounded to bf16 bit patterns (F32/F16 round to nearest even; BF16 is
+// copied). Error naming `name` in `file` for an integer or boolean tensor (not a weight).
+std::vector<std::uint16_t> tensor_to_bf16(const TensorInfo& t, const std::string& file,
+                                          const std::string& name);
+
 // Reads `dir`/config.json and the checkpoint (model.safetensors or the sharded index). Every
 // expected tensor must be present with its shape ("missing tensor" / "shape mismatch" errors
 // name it), and a tensor the model does not use is an error too ("unexpected tensor"), so a

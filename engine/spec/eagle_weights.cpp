@@ -15,31 +15,6 @@ namespace {
 constexpr std::string_view kLayerPrefix = "model.layers.0.";  // expected_tensors' naming
 constexpr std::string_view kEagleLayerPrefix = "layers.0.";   // EAGLE's naming
 
-void to_bf16(const TensorInfo& t, std::vector<std::uint16_t>& out) {
-  const auto n = static_cast<std::size_t>(t.numel());
-  out.resize(n);
-  const std::byte* src = t.data.data();
-  for (std::size_t i = 0; i < n; ++i) {
-    switch (t.dtype) {
-      case TensorDType::kBF16:
-        std::memcpy(&out[i], src + 2 * i, 2);
-        break;
-      case TensorDType::kF16: {
-        std::uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = reference::float_to_bf16(reference::fp16_to_float(h));
-        break;
-      }
-      case TensorDType::kF32: {
-        float f;
-        std::memcpy(&f, src + 4 * i, 4);
-        out[i] = reference::float_to_bf16(f);
-        break;
-      }
-    }
-  }
-}
-
 // EAGLE-3 heads carry these; name them instead of calling them "unexpected".
 bool is_eagle3_tensor(const std::string& name) {
   return name == "d2t" || name == "t2d" || name.starts_with("midlayer.") ||
@@ -51,14 +26,16 @@ bool is_eagle3_tensor(const std::string& name) {
 void EagleConfig::validate() const {
   layer.validate();
   GD_REQUIRE(layer.num_hidden_layers == 1, "num_hidden_layers", layer.num_hidden_layers,
-             "an EAGLE-1/2 head has exactly one decoder layer");
+             "an EAGLE head has exactly one decoder layer");
   GD_REQUIRE(!layer.any_sliding() && !layer.any_cross(), "layers[0].kind", "sliding or cross",
              "an EAGLE head's layer attends over its whole cache");
   GD_REQUIRE(!layer.tie_word_embeddings, "tie_word_embeddings", "true",
-             "an EAGLE head drafts through the target's lm_head; it has none to tie");
+             "an EAGLE head has no lm_head of the target's vocabulary to tie");
+  if (eagle3()) eagle3_detail::validate(*this);
 }
 
 std::vector<TensorSpec> eagle_expected_tensors(const EagleConfig& c) {
+  if (c.eagle3()) return eagle3_expected_tensors(c);
   const std::int64_t hidden = c.layer.hidden_size;
   std::vector<TensorSpec> out;
   if (c.own_embedding) out.push_back({"embed_tokens.weight", {c.layer.vocab_size, hidden}});
@@ -85,6 +62,7 @@ const HostTensor& EagleWeights::at(const std::string& name) const {
 }
 
 EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view source) {
+  if (is_eagle3_config_text(text)) return eagle3_config_from_json_text(text, source);
   EagleConfig c;
   const std::string where(source);
   std::string body(text);
@@ -105,10 +83,6 @@ EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view 
   }
   c.layer = ModelConfig::from_json_text(body, source);  // JSON and field errors named there
   const nlohmann::json root = nlohmann::json::parse(body);
-  for (const char* eagle3 : {"draft_vocab_size", "eagle_config"})
-    if (root.contains(eagle3))
-      throw Error("EAGLE-3 heads are not supported yet (EAGLE-1/2 only)", where, eagle3,
-                  root[eagle3].dump());
   if (const auto it = root.find("bias"); it != root.end() && !it->is_null()) {
     if (!it->is_boolean())
       throw Error("config field must be true or false", where, "bias", it->dump());
@@ -129,6 +103,7 @@ EagleConfig eagle_config_from_json_text(std::string_view text, std::string_view 
 }
 
 EagleWeights load_eagle_weights(EagleConfig config, const SafetensorsCheckpoint& ckpt) {
+  if (config.eagle3()) return load_eagle3_weights(std::move(config), ckpt);
   config.input_norm = ckpt.find("layers.0.input_layernorm.weight") != nullptr;
   config.own_embedding = ckpt.find("embed_tokens.weight") != nullptr;
   config.validate();
@@ -138,8 +113,10 @@ EagleWeights load_eagle_weights(EagleConfig config, const SafetensorsCheckpoint&
   // Names first: an EAGLE-3 head or a foreign checkpoint fails before any shape is compared.
   for (const std::string& name : ckpt.names()) {
     if (is_eagle3_tensor(name))
-      throw Error("EAGLE-3 heads are not supported yet (EAGLE-1/2 only)", ckpt.file_of(name), name,
-                  shape_to_string(ckpt.find(name)->shape));
+      throw Error(
+          "EAGLE-3 tensor in an EAGLE-1/2 head (an EAGLE-3 config.json names "
+          "LlamaForCausalLMEagle3 or draft_vocab_size)",
+          ckpt.file_of(name), name, shape_to_string(ckpt.find(name)->shape));
     if (!by_name.count(name) && !name.ends_with("rotary_emb.inv_freq"))
       throw Error("unexpected tensor (not part of an EAGLE-1/2 head of this config)",
                   ckpt.file_of(name), name, shape_to_string(ckpt.find(name)->shape));
@@ -166,7 +143,7 @@ EagleWeights load_eagle_weights(EagleConfig config, const SafetensorsCheckpoint&
   for (const TensorSpec& s : specs) {
     HostTensor& h = w.tensors[s.name];
     h.shape = s.shape;
-    to_bf16(*ckpt.find(s.name), h.data);
+    h.data = tensor_to_bf16(*ckpt.find(s.name), ckpt.file_of(s.name), s.name);
   }
   return w;
 }
@@ -184,6 +161,10 @@ EagleWeights load_eagle_head(const std::string& dir) {
 }
 
 void check_eagle_fits(const EagleConfig& head, const ModelConfig& target) {
+  if (head.eagle3()) {
+    eagle3_detail::check_fits(head, target);
+    return;
+  }
   GD_REQUIRE(head.layer.hidden_size == target.hidden_size, "eagle.hidden_size",
              head.layer.hidden_size,
              "the head reads the target's hidden states: its hidden size must be the target's (" +
