@@ -1,0 +1,152 @@
+#include "eagle3_reference.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/kernels/rope_freqs.h"
+#include "engine/llama_model.h"
+#include "reference_math.h"
+
+namespace graphdecode::testing {
+namespace {
+
+using refmath::bf16;
+using refmath::linear;
+using refmath::Vec;
+using refmath::vec;
+
+Vec rmsnormed(const double* x, std::size_t n, const Vec& w, double eps) {
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  Vec y(n);
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+void rope(Vec& x, std::size_t heads, std::size_t d, std::int64_t pos, const Vec& inv_freq) {
+  const std::size_t h2 = d / 2;
+  for (std::size_t h = 0; h < heads; ++h) {
+    double* p = x.data() + h * d;
+    for (std::size_t i = 0; i < h2; ++i) {
+      // The device's table holds float inverse frequencies: the reference uses the same values.
+      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
+      const double c = std::cos(a), s = std::sin(a);
+      const double x0 = p[i], x1 = p[i + h2];
+      p[i] = x0 * c - x1 * s;
+      p[i + h2] = x1 * c + x0 * s;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
+                                                 const HostWeights& target,
+                                                 std::span<const std::int32_t> tokens,
+                                                 const std::vector<Eagle3Input>& in,
+                                                 std::size_t first) {
+  const EagleConfig& hc = head.config;
+  const ModelConfig& c = hc.layer;
+  const auto H = static_cast<std::size_t>(c.hidden_size);
+  const auto S = static_cast<std::size_t>(hc.state_width());
+  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
+  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const auto inter = static_cast<std::size_t>(c.intermediate_size);
+  const auto DV = static_cast<std::size_t>(hc.draft_vocab_size);
+  const double eps = c.rms_norm_eps;
+  const HostTensor& embed =
+      hc.own_embedding ? head.at("embed_tokens.weight") : target.at("model.embed_tokens.weight");
+  const Vec fc = vec(head.at("fc.weight"));
+  const Vec fc_b = hc.fc_bias ? vec(head.at("fc.bias")) : Vec(H, 0.0);
+  const Vec in_norm = vec(head.at("midlayer.input_layernorm.weight"));
+  const Vec hid_norm = vec(head.at("midlayer.hidden_norm.weight"));
+  const Vec wq = vec(head.at("midlayer.self_attn.q_proj.weight"));
+  const Vec wk = vec(head.at("midlayer.self_attn.k_proj.weight"));
+  const Vec wv = vec(head.at("midlayer.self_attn.v_proj.weight"));
+  const Vec wo = vec(head.at("midlayer.self_attn.o_proj.weight"));
+  const Vec post = vec(head.at("midlayer.post_attention_layernorm.weight"));
+  const Vec wg = vec(head.at("midlayer.mlp.gate_proj.weight"));
+  const Vec wu = vec(head.at("midlayer.mlp.up_proj.weight"));
+  const Vec wd = vec(head.at("midlayer.mlp.down_proj.weight"));
+  const Vec fnorm = vec(head.at("norm.weight"));
+  const Vec lm = vec(head.at("lm_head.weight"));
+  const Vec inv_freq = rope_inv_freq(llama_rope_config(c));
+  const std::size_t n = tokens.size();
+  std::vector<Vec> x(n), q(n), k(n), v(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    if (in[j].own) {
+      x[j] = in[j].state;
+      x[j].resize(H);
+    } else {
+      Vec a = in[j].state;
+      a.resize(S);
+      x[j] = linear(fc, a, H, &fc_b);
+    }
+    Vec e(H);
+    const auto t = static_cast<std::size_t>(tokens[j]);
+    for (std::size_t i = 0; i < H; ++i) e[i] = bf16(embed.data[t * H + i]);
+    const Vec en = rmsnormed(e.data(), H, in_norm, eps);
+    const Vec xn = rmsnormed(x[j].data(), H, hid_norm, eps);
+    Vec cat(2 * H);
+    std::copy(en.begin(), en.end(), cat.begin());
+    std::copy(xn.begin(), xn.end(), cat.begin() + static_cast<std::ptrdiff_t>(H));
+    q[j] = linear(wq, cat, hq * d);
+    k[j] = linear(wk, cat, hkv * d);
+    v[j] = linear(wv, cat, hkv * d);
+    rope(q[j], hq, d, static_cast<std::int64_t>(j), inv_freq);
+    rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
+  }
+  std::vector<Eagle3ReferenceRow> out;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (std::size_t j = first; j < n; ++j) {
+    Vec attn(hq * d, 0.0);
+    for (std::size_t h = 0; h < hq; ++h) {
+      const std::size_t g = h / (hq / hkv);
+      Vec s(j + 1);
+      double mx = -1e300;
+      for (std::size_t m = 0; m <= j; ++m) {
+        double dot = 0;
+        for (std::size_t i = 0; i < d; ++i) dot += q[j][h * d + i] * k[m][g * d + i];
+        s[m] = dot * scale;
+        mx = std::max(mx, s[m]);
+      }
+      double den = 0;
+      for (double& e : s) den += (e = std::exp(e - mx));
+      for (std::size_t m = 0; m <= j; ++m)
+        for (std::size_t i = 0; i < d; ++i) attn[h * d + i] += s[m] / den * v[m][g * d + i];
+    }
+    const Vec o = linear(wo, attn, H);
+    Vec r(H);
+    for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
+    const Vec hn = rmsnormed(r.data(), H, post, eps);
+    const Vec gt = linear(wg, hn, inter);
+    const Vec up = linear(wu, hn, inter);
+    Vec act(inter);
+    for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
+    const Vec m = linear(wd, act, H);
+    Eagle3ReferenceRow row;
+    row.y.resize(H);
+    for (std::size_t i = 0; i < H; ++i) row.y[i] = r[i] + m[i];
+    row.draft_logits = linear(lm, rmsnormed(row.y.data(), H, fnorm, eps), DV);
+    row.draft_id = static_cast<std::int32_t>(
+        std::max_element(row.draft_logits.begin(), row.draft_logits.end()) -
+        row.draft_logits.begin());
+    row.token = head.draft_to_target[static_cast<std::size_t>(row.draft_id)];
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+std::vector<double> scatter_draft_logits(const EagleWeights& head,
+                                         const std::vector<double>& draft_logits,
+                                         std::int32_t vocab) {
+  std::vector<double> out(static_cast<std::size_t>(vocab),
+                          -std::numeric_limits<double>::infinity());
+  for (std::size_t i = 0; i < draft_logits.size(); ++i)
+    out[static_cast<std::size_t>(head.draft_to_target[i])] = draft_logits[i];
+  return out;
+}
+
+}  // namespace graphdecode::testing
