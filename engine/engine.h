@@ -133,8 +133,9 @@ class Engine {
   // Uploads the weights, allocates every buffer, captures the decode graphs. Throws Error for an
   // unsupported model config or engine config (naming the field), or on a CUDA failure. `draft`
   // (with config.speculative.max_draft_tokens >= 1): the draft model of speculative decoding;
-  // `eagle` (with speculative.proposer = SpecProposer::kEagle): an EAGLE-1/2 head
-  // (load_eagle_head / synthetic_eagle_weights) drafting from the target's hidden states.
+  // `eagle` (with speculative.proposer = SpecProposer::kEagle): an EAGLE-1/2 or EAGLE-3 head
+  // (load_eagle_head, which tells them apart by config.json; synthetic_eagle_weights /
+  // synthetic_eagle3_weights) drafting from the target's hidden states.
   Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft = nullptr,
          const EagleWeights* eagle = nullptr);
   ~Engine();

@@ -42,6 +42,25 @@ __global__ void __launch_bounds__(kThreads)
   p.out_res[i] = p.res[src];
 }
 
+// dst[t][offset + e] = src[t][e] for the live rows (16-byte vectors): one capture point's block
+// of the aux states.
+struct CaptureParams {
+  const uint4* src;              // [max_rows][row_vecs]
+  uint4* dst;                    // [max_rows][dst_vecs]
+  const std::int32_t* num_rows;  // [1]
+  std::int32_t max_rows, row_vecs, dst_vecs, offset;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    capture_rows_kernel(const __grid_constant__ CaptureParams p) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const std::int32_t n = min(*p.num_rows, p.max_rows);
+  if (i >= static_cast<std::int64_t>(n) * p.row_vecs) return;
+  const auto t = static_cast<std::int32_t>(i / p.row_vecs);
+  const auto e = static_cast<std::int32_t>(i - static_cast<std::int64_t>(t) * p.row_vecs);
+  p.dst[static_cast<std::int64_t>(t) * p.dst_vecs + p.offset + e] = p.src[i];
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options,
@@ -93,6 +112,46 @@ void LlamaModel::enable_hidden_states(cudaStream_t stream) {
                                         static_cast<std::size_t>(config_.hidden_size));
   hidden_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
+}
+
+void LlamaModel::enable_aux_hidden_states(std::span<const std::int32_t> points,
+                                          cudaStream_t stream) {
+  const std::vector<std::int32_t> want(points.begin(), points.end());
+  GD_REQUIRE(!want.empty(), "aux_points", "none", "at least one capture layer");
+  for (std::size_t i = 0; i < want.size(); ++i)
+    GD_REQUIRE(
+        want[i] >= 0 && want[i] < config_.num_hidden_layers && (i == 0 || want[i] > want[i - 1]),
+        "aux_points[" + std::to_string(i) + "]", want[i],
+        "capture layers are strictly increasing layers of the model (" +
+            std::to_string(config_.num_hidden_layers) + ")");
+  if (aux_.size() > 0) {
+    GD_REQUIRE(want == aux_points_, "aux_points", "other layers",
+               "the model already captures other layers");
+    return;
+  }
+  aux_points_ = want;
+  aux_ = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(max_tokens_) *
+                                     static_cast<std::size_t>(aux_width()));
+  aux_.fill_bytes(0, stream);
+  GD_CUDA(cudaStreamSynchronize(stream));
+}
+
+void LlamaModel::capture_aux(const StepMetaView& m, std::int32_t layer, std::int32_t rows,
+                             cudaStream_t stream) {
+  const std::int32_t vecs = config_.hidden_size / 8;
+  for (std::size_t i = 0; i < aux_points_.size(); ++i) {
+    if (aux_points_[i] != layer) continue;
+    CaptureParams p{reinterpret_cast<const uint4*>(residual_.data()),
+                    reinterpret_cast<uint4*>(aux_.data()),
+                    m.scalars + StepMetaLayout::kNumTokens,
+                    rows,
+                    vecs,
+                    static_cast<std::int32_t>(aux_points_.size()) * vecs,
+                    static_cast<std::int32_t>(i) * vecs};
+    capture_rows_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * vecs), kThreads, 0,
+                          stream>>>(p);
+    GD_CHECK_LAUNCH();
+  }
 }
 
 void LlamaModel::norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
@@ -203,6 +262,8 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     } else {  // residual += previous MLP output (gated if that layer was a cross layer)
       add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, /*mlp=*/true, stream);
     }
+    // residual_ now holds the stream entering layer l (layer 0: the embedding).
+    if (aux_.size() > 0) capture_aux(m, l, rows, stream);
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {

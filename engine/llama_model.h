@@ -31,6 +31,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "common/buffers.h"
 #include "engine/device_weights.h"
@@ -103,6 +105,21 @@ class LlamaModel {
   // [max_tokens][hidden] bf16, row t = token row t of the last forward's metadata; nullptr until
   // enable_hidden_states.
   const std::uint16_t* hidden_states() const noexcept { return hidden_.data(); }
+  // Start-up only, before the first forward (it allocates): from then on every forward also
+  // writes aux_hidden_states(): per token row, block i is the residual stream ENTERING layer
+  // points[i] (the embedding for 0; after layer points[i] - 1's MLP residual add), the state
+  // SGLang and vLLM capture for EAGLE-3 heads (`hidden_states + residual` before the layer).
+  // Written inside the forward, so inside every captured graph; the forward's other outputs are
+  // unchanged. Error unless points are strictly increasing layers in [0, num_hidden_layers - 1],
+  // or when already enabled with other points.
+  void enable_aux_hidden_states(std::span<const std::int32_t> points, cudaStream_t stream);
+  // [max_tokens][aux_width()] bf16, row t = token row t of the last forward's metadata; nullptr
+  // until enable_aux_hidden_states.
+  const std::uint16_t* aux_hidden_states() const noexcept { return aux_.data(); }
+  std::int32_t aux_width() const noexcept {
+    return static_cast<std::int32_t>(aux_points_.size()) * config_.hidden_size;
+  }
+  const std::vector<std::int32_t>& aux_points() const noexcept { return aux_points_; }
   // The device weights (a draft head shares the embedding and lm_head).
   const DeviceWeights& weights() const noexcept { return weights_; }
 
@@ -136,6 +153,9 @@ class LlamaModel {
     return layout_.layers[static_cast<std::size_t>(layer)] == AttentionKind::kCross;
   }
   void allocate_encoder_staging(std::int32_t max_slots, cudaStream_t stream);
+  // aux_ block of every capture point equal to `layer`: the residual stream entering it.
+  void capture_aux(const StepMetaView& meta, std::int32_t layer, std::int32_t rows,
+                   cudaStream_t stream);
 
   ModelConfig config_;
   AttentionLayout layout_;
@@ -159,6 +179,9 @@ class LlamaModel {
   DeviceBuffer<std::uint16_t> logit_x_, logit_res_, logit_normed_;
   DeviceBuffer<float> logits_;          // [max_logit_rows][vocab]
   DeviceBuffer<std::uint16_t> hidden_;  // [max_tokens][hidden] when enabled (hidden_states())
+  // [max_tokens][points][hidden] when enabled (aux_hidden_states()), block i = aux_points_[i].
+  DeviceBuffer<std::uint16_t> aux_;
+  std::vector<std::int32_t> aux_points_;  // ascending capture layers
   // encode() staging (cross models only): host states copied here, each cross layer's K and V,
   // and write_new_kv's destinations (count, then the slot per row, then positions 0..n-1).
   DeviceBuffer<std::uint16_t> enc_states_;  // [max_encoder_len][hidden]

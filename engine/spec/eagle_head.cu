@@ -10,69 +10,11 @@
 #include "engine/kernels/model_kernels.h"
 #include "engine/kernels/qkv_epilogue.h"
 #include "engine/spec/eagle_head.h"
+#include "engine/spec/eagle_head_kernels.cuh"
 #include "engine/spec/eagle_rules.h"
 
 namespace graphdecode {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(std::int64_t items) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
-}
-
-// cat[t] = [emb[t] | hidden(t)] for live rows t, 16-byte vectors.
-struct ConcatParams {
-  const uint4* emb;  // [rows][hidden]
-  HiddenInput in;
-  uint4* cat;                       // [rows][2 hidden]
-  const std::int32_t* num_rows;     // [1]
-  std::int32_t max_rows, row_vecs;  // row_vecs = hidden / 8
-};
-
-__global__ void __launch_bounds__(kThreads) concat_kernel(const __grid_constant__ ConcatParams p) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const std::int32_t n = min(*p.num_rows, p.max_rows);
-  if (i >= static_cast<std::int64_t>(n) * p.row_vecs) return;
-  const auto t = static_cast<std::int32_t>(i / p.row_vecs);
-  const auto e = static_cast<std::int32_t>(i - static_cast<std::int64_t>(t) * p.row_vecs);
-  const uint4* h;
-  if (p.in.rows != nullptr) {
-    h = reinterpret_cast<const uint4*>(p.in.rows) + static_cast<std::int64_t>(t) * p.row_vecs;
-  } else {
-    const std::int32_t code = p.in.source[t];
-    h = code >= 0 ? reinterpret_cast<const uint4*>(p.in.target) +
-                        static_cast<std::int64_t>(code) * p.row_vecs
-                  : reinterpret_cast<const uint4*>(p.in.carry) +
-                        static_cast<std::int64_t>(eagle_rules::carry_index(code)) * p.row_vecs;
-  }
-  uint4* out = p.cat + static_cast<std::int64_t>(t) * 2 * p.row_vecs;
-  out[e] = p.emb[static_cast<std::int64_t>(t) * p.row_vecs + e];
-  out[p.row_vecs + e] = h[e];
-}
-
-// out[i] = bf16(res[row_i] + x[row_i]) for the phase's logits rows i: the layer's output there.
-struct OutParams {
-  const std::uint16_t* x;
-  const std::uint16_t* res;
-  std::uint16_t* out;
-  const std::int32_t* num_rows;   // [1]
-  const std::int32_t* logit_row;  // [max_rows]
-  std::int32_t max_rows, hidden;
-};
-
-__global__ void __launch_bounds__(kThreads)
-    output_rows_kernel(const __grid_constant__ OutParams p) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const std::int32_t n = min(*p.num_rows, p.max_rows);
-  if (i >= static_cast<std::int64_t>(n) * p.hidden) return;
-  const auto r = static_cast<std::int32_t>(i / p.hidden);
-  const auto e = static_cast<std::int32_t>(i - static_cast<std::int64_t>(r) * p.hidden);
-  const std::int64_t src = static_cast<std::int64_t>(p.logit_row[r]) * p.hidden + e;
-  const float v = __bfloat162float(__ushort_as_bfloat16(p.res[src])) +
-                  __bfloat162float(__ushort_as_bfloat16(p.x[src]));
-  p.out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
 
 struct Cursor {
   std::size_t next = 0;
@@ -95,83 +37,15 @@ EagleHead::EagleHead(const EagleWeights& head, const LlamaModel& target,
   options.validate();
   config_.validate();
   check_eagle_fits(config_, target.config());
+  if (config_.eagle3()) eagle3_detail::check_draft_to_target(head, target.vocab());
+  upload(head, stream);
   const ModelConfig& c = config_.layer;
   const auto h = static_cast<std::size_t>(c.hidden_size);
   const auto q = static_cast<std::size_t>(c.q_size());
   const auto kv = static_cast<std::size_t>(c.kv_size());
   const auto inter = static_cast<std::size_t>(c.intermediate_size);
-  // Host image of the arena: (offset, tensor name, offset inside a fused tensor).
-  struct Piece {
-    std::size_t off;
-    const char* name;
-    std::size_t within;
-  };
-  std::vector<Piece> pieces;
-  Cursor cur;
-  const auto place = [&](std::size_t elems, std::initializer_list<const char*> names) {
-    const std::size_t off = cur.take(elems);
-    std::size_t within = 0;
-    for (const char* n : names) {
-      const HostTensor& t = head.at(n);
-      GD_REQUIRE(t.data.size() == static_cast<std::size_t>(t.numel()), n, t.data.size(),
-                 "tensor data does not match its shape");
-      pieces.push_back({off, n, within});
-      within += t.data.size();
-    }
-    GD_REQUIRE(within == elems, names.begin()[0], within, "tensor size does not match the config");
-    return off;
-  };
-  const std::size_t none = ~std::size_t{0};
-  std::size_t o_embed = none, o_fc_bias = none, o_in_norm = none, o_qkv_bias = none,
-              o_q_norm = none, o_k_norm = none, o_o_bias = none;
-  if (config_.own_embedding)
-    o_embed = place(static_cast<std::size_t>(c.vocab_size) * h, {"embed_tokens.weight"});
-  const std::size_t o_fc = place(h * 2 * h, {"fc.weight"});
-  if (config_.fc_bias) o_fc_bias = place(h, {"fc.bias"});
-  if (config_.input_norm) o_in_norm = place(h, {"layers.0.input_layernorm.weight"});
-  const std::size_t o_qkv = place(
-      (q + 2 * kv) * h, {"layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-                         "layers.0.self_attn.v_proj.weight"});
-  if (c.qkv_bias)
-    o_qkv_bias =
-        place(q + 2 * kv, {"layers.0.self_attn.q_proj.bias", "layers.0.self_attn.k_proj.bias",
-                           "layers.0.self_attn.v_proj.bias"});
-  if (c.qk_norm) {
-    o_q_norm = place(static_cast<std::size_t>(c.head_dim), {"layers.0.self_attn.q_norm.weight"});
-    o_k_norm = place(static_cast<std::size_t>(c.head_dim), {"layers.0.self_attn.k_norm.weight"});
-  }
-  const std::size_t o_o = place(h * q, {"layers.0.self_attn.o_proj.weight"});
-  if (c.o_bias) o_o_bias = place(h, {"layers.0.self_attn.o_proj.bias"});
-  const std::size_t o_post = place(h, {"layers.0.post_attention_layernorm.weight"});
-  const std::size_t o_gate_up =
-      place(2 * inter * h, {"layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight"});
-  const std::size_t o_down = place(h * inter, {"layers.0.mlp.down_proj.weight"});
-  std::vector<std::uint16_t> image(cur.next, 0);
-  for (const Piece& p : pieces) {
-    const HostTensor& t = head.at(p.name);
-    std::memcpy(image.data() + p.off + p.within, t.data.data(),
-                t.data.size() * sizeof(std::uint16_t));
-  }
-  arena_ = DeviceBuffer<std::uint16_t>(image.size());
-  arena_.upload(image.data(), image.size(), stream);
-  const auto at = [this, none](std::size_t off) -> const std::uint16_t* {
-    return off == none ? nullptr : arena_.data() + off;
-  };
-  embed_ = config_.own_embedding ? at(o_embed) : target.weights().embed();
-  fc_ = at(o_fc);
-  fc_bias_ = at(o_fc_bias);
-  input_norm_ = at(o_in_norm);
-  qkv_ = at(o_qkv);
-  qkv_bias_ = at(o_qkv_bias);
-  q_norm_ = at(o_q_norm);
-  k_norm_ = at(o_k_norm);
-  o_ = at(o_o);
-  o_bias_ = at(o_o_bias);
-  post_norm_ = at(o_post);
-  gate_up_ = at(o_gate_up);
-  down_ = at(o_down);
-
   const auto t = static_cast<std::size_t>(max_tokens_);
+  const auto b = static_cast<std::size_t>(max_batch_);
   bad_token_ = DeviceBuffer<std::int32_t>(1);
   bad_token_.fill_bytes(0, stream);
   emb_ = DeviceBuffer<std::uint16_t>(t * h);
@@ -184,12 +58,123 @@ EagleHead::EagleHead(const EagleWeights& head, const LlamaModel& target,
   proj_ = DeviceBuffer<std::uint16_t>(t * h);
   gate_up_act_ = DeviceBuffer<std::uint16_t>(t * 2 * inter);
   act_ = DeviceBuffer<std::uint16_t>(t * inter);
-  out_ = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(max_batch_) * h);
+  out_ = DeviceBuffer<std::uint16_t>(b * h);
+  std::vector<DeviceBuffer<std::uint16_t>*> zero = {&emb_,         &cat_, &residual_, &normed_,
+                                                    &qkv_act_,     &q_,   &attn_,     &proj_,
+                                                    &gate_up_act_, &act_, &out_};
+  if (config_.eagle3()) {
+    states_ = DeviceBuffer<std::uint16_t>(t * static_cast<std::size_t>(config_.state_width()));
+    hid_normed_ = DeviceBuffer<std::uint16_t>(t * h);
+    out_normed_ = DeviceBuffer<std::uint16_t>(b * h);
+    draft_logits_ = DeviceBuffer<float>(b * static_cast<std::size_t>(config_.draft_vocab_size));
+    draft_logits_.fill_bytes(0, stream);
+    for (DeviceBuffer<std::uint16_t>* x : {&states_, &hid_normed_, &out_normed_}) zero.push_back(x);
+  }
   // Rows past the live ones are computed from whatever these hold: start from zeros.
-  for (DeviceBuffer<std::uint16_t>* b : {&emb_, &cat_, &residual_, &normed_, &qkv_act_, &q_, &attn_,
-                                         &proj_, &gate_up_act_, &act_, &out_})
-    b->fill_bytes(0, stream);
-  GD_CUDA(cudaStreamSynchronize(stream));  // the host image is freed on return
+  for (DeviceBuffer<std::uint16_t>* x : zero) x->fill_bytes(0, stream);
+  GD_CUDA(cudaStreamSynchronize(stream));  // the host images are freed on return
+}
+
+void EagleHead::upload(const EagleWeights& head, cudaStream_t stream) {
+  const ModelConfig& c = config_.layer;
+  const bool v3 = config_.eagle3();
+  const auto h = static_cast<std::size_t>(c.hidden_size);
+  const auto q = static_cast<std::size_t>(c.q_size());
+  const auto kv = static_cast<std::size_t>(c.kv_size());
+  const auto inter = static_cast<std::size_t>(c.intermediate_size);
+  // EAGLE-1/2 names its layer layers.0.*, EAGLE-3 midlayer.*; the layer's tensors are otherwise
+  // the same, except that EAGLE-3's q/k/v read cat(embedding, state): 2 hidden inputs.
+  const std::string layer = v3 ? "midlayer." : "layers.0.";
+  const std::size_t qkv_in = v3 ? 2 * h : h;
+  const std::size_t fc_in = v3 ? static_cast<std::size_t>(config_.state_width()) : 2 * h;
+  // Host image of the arena: (offset, tensor name, offset inside a fused tensor).
+  struct Piece {
+    std::size_t off;
+    std::string name;
+    std::size_t within;
+  };
+  std::vector<Piece> pieces;
+  Cursor cur;
+  const auto place = [&](std::size_t elems, const std::vector<std::string>& names) {
+    const std::size_t off = cur.take(elems);
+    std::size_t within = 0;
+    for (const std::string& n : names) {
+      const HostTensor& t = head.at(n);
+      GD_REQUIRE(t.data.size() == static_cast<std::size_t>(t.numel()), n, t.data.size(),
+                 "tensor data does not match its shape");
+      pieces.push_back({off, n, within});
+      within += t.data.size();
+    }
+    GD_REQUIRE(within == elems, names.front(), within, "tensor size does not match the config");
+    return off;
+  };
+  const std::size_t none = ~std::size_t{0};
+  std::size_t o_embed = none, o_fc_bias = none, o_in_norm = none, o_qkv_bias = none,
+              o_q_norm = none, o_k_norm = none, o_o_bias = none, o_hid_norm = none, o_final = none,
+              o_lm = none;
+  if (config_.own_embedding)
+    o_embed = place(static_cast<std::size_t>(c.vocab_size) * h, {"embed_tokens.weight"});
+  const std::size_t o_fc = place(h * fc_in, {"fc.weight"});
+  if (config_.fc_bias) o_fc_bias = place(h, {"fc.bias"});
+  if (config_.input_norm) o_in_norm = place(h, {layer + "input_layernorm.weight"});
+  if (v3) o_hid_norm = place(h, {layer + "hidden_norm.weight"});
+  const std::size_t o_qkv = place(
+      (q + 2 * kv) * qkv_in, {layer + "self_attn.q_proj.weight", layer + "self_attn.k_proj.weight",
+                              layer + "self_attn.v_proj.weight"});
+  if (c.qkv_bias)
+    o_qkv_bias =
+        place(q + 2 * kv, {layer + "self_attn.q_proj.bias", layer + "self_attn.k_proj.bias",
+                           layer + "self_attn.v_proj.bias"});
+  if (c.qk_norm) {
+    o_q_norm = place(static_cast<std::size_t>(c.head_dim), {layer + "self_attn.q_norm.weight"});
+    o_k_norm = place(static_cast<std::size_t>(c.head_dim), {layer + "self_attn.k_norm.weight"});
+  }
+  const std::size_t o_o = place(h * q, {layer + "self_attn.o_proj.weight"});
+  if (c.o_bias) o_o_bias = place(h, {layer + "self_attn.o_proj.bias"});
+  const std::size_t o_post = place(h, {layer + "post_attention_layernorm.weight"});
+  const std::size_t o_gate_up =
+      place(2 * inter * h, {layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"});
+  const std::size_t o_down = place(h * inter, {layer + "mlp.down_proj.weight"});
+  if (v3) {
+    o_final = place(h, {"norm.weight"});
+    o_lm = place(static_cast<std::size_t>(config_.draft_vocab_size) * h, {"lm_head.weight"});
+  }
+  std::vector<std::uint16_t> image(cur.next, 0);
+  for (const Piece& p : pieces) {
+    const HostTensor& t = head.at(p.name);
+    std::memcpy(image.data() + p.off + p.within, t.data.data(),
+                t.data.size() * sizeof(std::uint16_t));
+  }
+  arena_ = DeviceBuffer<std::uint16_t>(image.size());
+  arena_.upload(image.data(), image.size(), stream);
+  const auto at = [this, none](std::size_t off) -> const std::uint16_t* {
+    return off == none ? nullptr : arena_.data() + off;
+  };
+  embed_ = config_.own_embedding ? at(o_embed) : target_.weights().embed();
+  fc_ = at(o_fc);
+  fc_bias_ = at(o_fc_bias);
+  input_norm_ = at(o_in_norm);
+  hidden_norm_ = at(o_hid_norm);
+  qkv_ = at(o_qkv);
+  qkv_bias_ = at(o_qkv_bias);
+  q_norm_ = at(o_q_norm);
+  k_norm_ = at(o_k_norm);
+  o_ = at(o_o);
+  o_bias_ = at(o_o_bias);
+  post_norm_ = at(o_post);
+  gate_up_ = at(o_gate_up);
+  down_ = at(o_down);
+  final_norm_ = at(o_final);
+  draft_head_ = at(o_lm);
+  if (v3) {  // the inverse of draft_to_target, so the scatter writes every target id once
+    std::vector<std::int32_t> t2d(static_cast<std::size_t>(c.vocab_size), -1);
+    for (std::size_t i = 0; i < head.draft_to_target.size(); ++i)
+      t2d[static_cast<std::size_t>(head.draft_to_target[i])] = static_cast<std::int32_t>(i);
+    target_to_draft_ = DeviceBuffer<std::int32_t>(t2d.size());
+    target_to_draft_.upload(t2d.data(), t2d.size(), stream);
+    GD_CUDA(cudaStreamSynchronize(stream));  // t2d is freed on return
+  }
+  GD_CUDA(cudaStreamSynchronize(stream));  // the arena's host image is freed on return
 }
 
 void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
@@ -203,9 +188,12 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   GD_REQUIRE(logit_rows <= max_batch_, "logit_rows", logit_rows, "more than max_batch");
   GD_REQUIRE(logit_rows == 0 || logits != nullptr, "logits", "nullptr", "logit rows need logits");
   const std::int32_t rows = std::min(token_capacity, max_tokens_);
+  if (config_.eagle3()) {
+    forward3(rt, m, token_ids, in, rows, logit_rows, logits, stream);
+    return;
+  }
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
-  const std::int32_t h = c.hidden_size, inter = c.intermediate_size;
-  const std::int32_t qkv_cols = c.q_size() + 2 * c.kv_size();
+  const std::int32_t h = c.hidden_size;
 
   EmbeddingArgs e;
   e.table = embed_;
@@ -228,19 +216,34 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   gemm_.run({cat_.data(), fc_, residual_.data(), rows, 2 * h, h, GemmOut::kBF16}, stream);
   if (fc_bias_ != nullptr) add_bias({residual_.data(), fc_bias_, num_tokens, rows, h, 0}, stream);
   const std::uint16_t* attn_in = residual_.data();
-  RmsNormArgs n;
-  n.num_rows = num_tokens;
-  n.max_rows = rows;
-  n.hidden = h;
-  n.eps = static_cast<float>(c.rms_norm_eps);
   if (input_norm_ != nullptr) {
+    RmsNormArgs n;
     n.x = residual_.data();
     n.weight = input_norm_;
     n.y = normed_.data();
+    n.num_rows = num_tokens;
+    n.max_rows = rows;
+    n.hidden = h;
+    n.eps = static_cast<float>(c.rms_norm_eps);
     rmsnorm(n, stream);
     attn_in = normed_.data();
   }
-  gemm_.run({attn_in, qkv_, qkv_act_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
+  attention(rt, m, attn_in, h, rows, stream);
+  mlp(m, rows, stream);
+  if (logit_rows == 0) return;
+  output_rows(m, logit_rows, stream);
+  gemm_.run({out_.data(), target_.weights().lm_head(), logits, logit_rows, h, c.vocab_size,
+             GemmOut::kF32},
+            stream);
+}
+
+void EagleHead::attention(const ModelRuntime& rt, const StepMetaView& m, const std::uint16_t* in,
+                          std::int32_t in_dim, std::int32_t rows, cudaStream_t stream) {
+  const ModelConfig& c = config_.layer;
+  const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
+  const std::int32_t h = c.hidden_size;
+  const std::int32_t qkv_cols = c.q_size() + 2 * c.kv_size();
+  gemm_.run({in, qkv_, qkv_act_.data(), rows, in_dim, qkv_cols, GemmOut::kBF16}, stream);
   const AttentionContext a = rt.layer(0, m);
   QkvEpilogueArgs q;
   q.qkv = qkv_act_.data();
@@ -264,11 +267,22 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
                            PriorWrites::kQueryAndNewKv);
   gemm_.run({attn_.data(), o_, proj_.data(), rows, c.q_size(), h, GemmOut::kBF16}, stream);
   if (o_bias_ != nullptr) add_bias({proj_.data(), o_bias_, num_tokens, rows, h, 0}, stream);
+}
+
+void EagleHead::mlp(const StepMetaView& m, std::int32_t rows, cudaStream_t stream) {
+  const ModelConfig& c = config_.layer;
+  const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
+  const std::int32_t h = c.hidden_size, inter = c.intermediate_size;
   // residual = x + o; normed = post_attention_layernorm(residual)
+  RmsNormArgs n;
   n.x = proj_.data();
   n.residual = residual_.data();
   n.weight = post_norm_;
   n.y = normed_.data();
+  n.num_rows = num_tokens;
+  n.max_rows = rows;
+  n.hidden = h;
+  n.eps = static_cast<float>(c.rms_norm_eps);
   rmsnorm(n, stream);
   gemm_.run({normed_.data(), gate_up_, gate_up_act_.data(), rows, h, 2 * inter, GemmOut::kBF16},
             stream);
@@ -280,7 +294,10 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   s.inter = inter;
   swiglu(s, stream);
   gemm_.run({act_.data(), down_, proj_.data(), rows, inter, h, GemmOut::kBF16}, stream);
-  if (logit_rows == 0) return;
+}
+
+void EagleHead::output_rows(const StepMetaView& m, std::int32_t logit_rows, cudaStream_t stream) {
+  const std::int32_t h = config_.layer.hidden_size;
   OutParams op{proj_.data(),
                residual_.data(),
                out_.data(),
@@ -291,9 +308,6 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   output_rows_kernel<<<blocks_for(static_cast<std::int64_t>(logit_rows) * h), kThreads, 0,
                        stream>>>(op);
   GD_CHECK_LAUNCH();
-  gemm_.run({out_.data(), target_.weights().lm_head(), logits, logit_rows, h, c.vocab_size,
-             GemmOut::kF32},
-            stream);
 }
 
 }  // namespace graphdecode

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <array>
+#include <vector>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
@@ -40,6 +42,15 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+void enable_eagle_states(LlamaModel& target, const EagleConfig& head, cudaStream_t stream) {
+  if (!head.eagle3()) {
+    target.enable_hidden_states(stream);
+    return;
+  }
+  const std::array<std::int32_t, 3> points = eagle3_capture_layers(head, target.config());
+  target.enable_aux_hidden_states(points, stream);
+}
+
 EagleProposer::EagleProposer(ModelRuntime& runtime, const EagleWeights& head,
                              const LlamaModel& target, const RuntimeOptions& options,
                              cudaStream_t stream)
@@ -54,14 +65,23 @@ EagleProposer::EagleProposer(ModelRuntime& runtime, const EagleWeights& head,
       sampler_(max_batch_, target.vocab(), stream) {
   GD_REQUIRE(runtime.model() == 1, "eagle_runtime.model", runtime.model(),
              "the EAGLE head is model 1 of the target's step");
-  GD_REQUIRE(target.hidden_states() != nullptr, "target.hidden_states", "off",
-             "the target must write its hidden states (LlamaModel::enable_hidden_states)");
+  if (head.config.eagle3()) {
+    const std::array<std::int32_t, 3> points = eagle3_capture_layers(head.config, target.config());
+    GD_REQUIRE(target.aux_hidden_states() != nullptr &&
+                   target.aux_points() == std::vector<std::int32_t>(points.begin(), points.end()),
+               "target.aux_hidden_states", target.aux_points().size(),
+               "the target must capture the head's layers (LlamaModel::enable_aux_hidden_states "
+               "with eagle3_capture_layers)");
+  } else {
+    GD_REQUIRE(target.hidden_states() != nullptr, "target.hidden_states", "off",
+               "the target must write its hidden states (LlamaModel::enable_hidden_states)");
+  }
   GD_REQUIRE(runtime.layout().layers.size() == 1, "eagle_runtime.layers",
              runtime.layout().layers.size(), "the head's runtime has its one layer");
   const StepCapacity& cap = runtime.step().capacity();
-  const auto h = static_cast<std::size_t>(head_.hidden());
+  const auto w = static_cast<std::size_t>(head_.state_width());
   carry_ = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(cap.max_slots) *
-                                       static_cast<std::size_t>(carry_stride_) * h);
+                                       static_cast<std::size_t>(carry_stride_) * w);
   carry_.fill_bytes(0, stream);
   tokens_ = DeviceBuffer<std::int32_t>(static_cast<std::size_t>(max_batch_));
   tokens_.fill_bytes(0, stream);
@@ -76,10 +96,10 @@ EagleProposer::EagleProposer(ModelRuntime& runtime, const EagleWeights& head,
 
 void EagleProposer::save_carry(const StepMetaView& meta, bool last_only, cudaStream_t stream) {
   CarryParams p{meta,
-                reinterpret_cast<const uint4*>(target_.hidden_states()),
+                reinterpret_cast<const uint4*>(target_states()),
                 reinterpret_cast<uint4*>(carry_.data()),
                 carry_stride_,
-                head_.hidden() / 8,
+                head_.state_width() / 8,
                 last_only};
   const dim3 grid(static_cast<unsigned>(max_batch_),
                   static_cast<unsigned>(last_only ? 1 : carry_stride_));
@@ -93,7 +113,7 @@ void EagleProposer::prefill(const StepMetaView& meta, const StepShape& shape, cu
   prep_.enqueue(meta, 1, 0, stream);
   const StepMetaView& x = prep_.extend();
   runtime_.plan(x, stream);
-  const HiddenInput in{nullptr, prep_.hidden_source(), target_.hidden_states(), carry_.data()};
+  const HiddenInput in{nullptr, prep_.hidden_source(), target_states(), carry_.data()};
   head_.forward(runtime_, x, x.token_id, in, std::max(1, shape.token_capacity), 0, nullptr, stream);
   save_carry(meta, true, stream);  // after the head read the previous chunk's
 }
@@ -109,7 +129,7 @@ void EagleProposer::propose(const SpecPrep& spec, const StepShape& shape, std::i
   prep_.enqueue(x, carry_stride_, k, stream);
   const StepMetaView& e = prep_.extend();
   runtime_.plan(e, stream);
-  const HiddenInput carried{nullptr, prep_.hidden_source(), target_.hidden_states(), carry_.data()};
+  const HiddenInput carried{nullptr, prep_.hidden_source(), target_states(), carry_.data()};
   head_.forward(runtime_, e, e.token_id, carried, std::max(1, shape.token_capacity), k >= 1 ? b : 0,
                 logits_.data(), stream);
   if (k == 0) return;  // the head's cache is current; nothing to draft

@@ -57,7 +57,7 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
   step_ = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
   target_rt_ = std::make_unique<ModelRuntime>(layouts[0], options, *step_, 0, stream);
   target_ = std::make_unique<LlamaModel>(target, options, stream);
-  if (head) target_->enable_hidden_states(stream);  // before any forward is captured
+  if (head) enable_eagle_states(*target_, eagle->config, stream);  // before any capture
   program_ = std::make_unique<SpecStep>(*target_rt_, *target_, stream);
   if (head) {
     draft_rt_ = std::make_unique<ModelRuntime>(layouts[1], options, *step_, 1, stream);

@@ -35,7 +35,9 @@ struct SpecKRule {
 enum class SpecProposer : std::uint8_t {
   kDraftModel = 0,  // a Llama-family draft model of the target's vocabulary
   kNgram = 1,       // prompt lookup in the request's own tokens, on the device
-  kEagle = 2,       // an EAGLE-1/2 head over the target's hidden states (eagle_proposer.h)
+  kEagle = 2,       // an EAGLE head (eagle_proposer.h): EAGLE-1/2 over the target's final
+                    // hidden states, or EAGLE-3 over three of its layers (the head's version,
+                    // from its config.json architectures, decides)
 };
 
 struct SpecRunnerConfig {

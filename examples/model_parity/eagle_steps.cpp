@@ -56,7 +56,7 @@ int run_eagle_steps(const HostWeights& target, const EagleWeights& head,
   ModelRuntime target_rt(models[0], options, step, 0, stream.get());
   ModelRuntime head_rt(models[1], options, step, 1, stream.get());
   LlamaModel model(target, options, stream.get());
-  model.enable_hidden_states(stream.get());
+  enable_eagle_states(model, head.config, stream.get());
   SpecStep program(target_rt, model, stream.get());
   EagleProposer proposer(head_rt, head, model, options, stream.get());
   program.set_proposer(proposer);

@@ -63,7 +63,7 @@ struct SpecRun {
     begin(models, max_batch, k_max);
     draft_rt = std::make_unique<ModelRuntime>(models[1], options, *step, 1, stream.get());
     target = std::make_unique<LlamaModel>(t, options, stream.get());
-    target->enable_hidden_states(stream.get());
+    enable_eagle_states(*target, h.config, stream.get());
     program = std::make_unique<SpecStep>(*target_rt, *target, stream.get());
     proposer = std::make_unique<EagleProposer>(*draft_rt, h, *target, options, stream.get());
     finish(max_batch, k_max, use_graphs);
