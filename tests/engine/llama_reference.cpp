@@ -123,11 +123,11 @@ void cross_layer(const HostWeights& w, std::int32_t l, const ReferenceEncoder& e
   }
 }
 
-}  // namespace
-
-std::vector<std::vector<double>> reference_logits(const HostWeights& w,
-                                                  std::span<const std::int32_t> tokens,
-                                                  std::size_t first, const ReferenceEncoder& enc) {
+// The forward of reference_logits; with `streams`, block i gets the stream entering layers[i].
+std::vector<std::vector<double>> forward(const HostWeights& w, std::span<const std::int32_t> tokens,
+                                         std::size_t first, const ReferenceEncoder& enc,
+                                         std::span<const std::int32_t> layers,
+                                         std::vector<std::vector<Vec>>* streams) {
   const ModelConfig& c = w.config;
   const auto H = static_cast<std::size_t>(c.hidden_size);
   const auto hq = static_cast<std::size_t>(c.num_attention_heads);
@@ -145,6 +145,8 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& w,
       x[t][i] = embed[static_cast<std::size_t>(tokens[t]) * H + i];
 
   for (std::int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (std::size_t i = 0; streams != nullptr && i < layers.size(); ++i)
+      if (layers[i] == l) (*streams)[i] = x;
     if (c.layers[static_cast<std::size_t>(l)].kind == AttentionKind::kCross) {
       // HF runs no cross layer for a request without encoder states.
       if (enc.length > 0) cross_layer(w, l, enc, x);
@@ -226,6 +228,22 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& w,
     out.push_back(linear(head, h, V));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> reference_logits(const HostWeights& w,
+                                                  std::span<const std::int32_t> tokens,
+                                                  std::size_t first, const ReferenceEncoder& enc) {
+  return forward(w, tokens, first, enc, {}, nullptr);
+}
+
+std::vector<std::vector<std::vector<double>>> reference_residual_streams(
+    const HostWeights& w, std::span<const std::int32_t> tokens,
+    std::span<const std::int32_t> layers) {
+  std::vector<std::vector<Vec>> streams(layers.size());
+  static_cast<void>(forward(w, tokens, tokens.size() - 1, {}, layers, &streams));
+  return streams;
 }
 
 std::vector<double> reference_last_logits(const HostWeights& w,

@@ -31,4 +31,10 @@ std::vector<std::vector<double>> reference_logits(const HostWeights& weights,
                                                   std::size_t first,
                                                   const ReferenceEncoder& encoder = {});
 
+// The residual stream ENTERING each layer of `layers` (layer 0: the embedding) for every token of
+// `tokens` (one forward): [layers.size()][L][hidden]. What an EAGLE-3 head reads of its target.
+std::vector<std::vector<std::vector<double>>> reference_residual_streams(
+    const HostWeights& weights, std::span<const std::int32_t> tokens,
+    std::span<const std::int32_t> layers);
+
 }  // namespace graphdecode::testing
