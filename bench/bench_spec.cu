@@ -4,9 +4,11 @@
 //              [--prompt-len L] [--lookup] [--json PATH]
 //   bench_spec --synthetic [--draft-layers N] ...   (the 1B-class shape; the draft its first N
 //                                                    layers with the same synthetic weights)
-//   bench_spec ... --eagle DIR|synthetic             (an EAGLE-1/2 head proposes instead of the
-//                                                    draft model; scripts/hf_eagle_parity.py
-//                                                    --workdir keeps target/ and eagle/)
+//   bench_spec ... --eagle DIR|synthetic|synthetic3  (an EAGLE head proposes instead of the
+//                                                    draft model: EAGLE-1/2 or EAGLE-3 as the
+//                                                    directory's config says, or seeded random;
+//                                                    scripts/hf_eagle_parity.py --workdir keeps
+//                                                    target/ and eagle/)
 //
 // Per batch B: B greedy requests (prompts of the period task of scripts/hf_parity.py for trained
 // checkpoints, random for --synthetic) served to T new tokens by a plain engine, then by a
@@ -154,11 +156,11 @@ int main(int argc, char** argv) {
     else if (a == "--json")
       json = next();
     else {
-      std::fprintf(
-          stderr,
-          "usage: bench_spec (--target DIR --draft DIR | --synthetic "
-          "[--draft-layers N]) [--lookup | --eagle DIR|synthetic] [--batches ..] [--ks ..] "
-          "[--new-tokens T] [--prompt-len L] [--json PATH]\n");
+      std::fprintf(stderr,
+                   "usage: bench_spec (--target DIR --draft DIR | --synthetic "
+                   "[--draft-layers N]) [--lookup | --eagle DIR|synthetic|synthetic3] [--batches "
+                   "..] [--ks ..] "
+                   "[--new-tokens T] [--prompt-len L] [--json PATH]\n");
       return 2;
     }
   }
@@ -182,7 +184,9 @@ int main(int argc, char** argv) {
     }
     const EagleWeights head = eagle_dir.empty()          ? EagleWeights{}
                               : eagle_dir == "synthetic" ? synthetic_eagle_weights(target.config, 2)
-                                                         : load_eagle_head(eagle_dir);
+                              : eagle_dir == "synthetic3"
+                                  ? synthetic_eagle3_weights(target.config, 2)
+                                  : load_eagle_head(eagle_dir);
     const EagleWeights* eagle = eagle_dir.empty() ? nullptr : &head;
     std::mt19937 rng(7);
     std::vector<std::vector<std::int32_t>> prompts;
@@ -199,7 +203,7 @@ int main(int argc, char** argv) {
                 target.config.num_hidden_layers, target.config.hidden_size,
                 draft.config.num_hidden_layers,
                 lookup  ? "prompt lookup"
-                : eagle ? "EAGLE head proposes"
+                : eagle ? (head.config.eagle3() ? "EAGLE-3 head proposes" : "EAGLE head proposes")
                         : "draft model",
                 new_tokens);
     std::printf("%6s %7s %3s %10s %9s %9s %8s %8s %7s %7s %7s %7s %8s %8s\n", "kind", "batch", "k",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""EAGLE-1/2 drafts against a PyTorch EAGLE head from the same target state (no network).
+"""EAGLE-1/2 and EAGLE-3 drafts against a PyTorch EAGLE head from the same target state (no network).
 
 A target (hf_spec_parity.py's: 4-layer Llama, llama3 rope scaling, untied) is trained on the period
 task of hf_parity.py (decisive greedy predictions). An EAGLE-1 head is written here in plain torch
@@ -16,6 +16,17 @@ directory (config.json + model.safetensors, EAGLE's tensor names, bf16). Then:
   torch  for every step of ours and every request: the PyTorch head's K drafts from the state
          before that step (prompt + tokens committed so far; the target's states recomputed),
          d_1 from the pair (last committed token, h_{P-1}), d_j+1 from (d_j, the head's own y).
+--eagle-version 3: an EAGLE-3 head instead (SGLang's / vLLM's llama_eagle3.py, written here):
+    x = fc(cat(s_{p0}, s_{p1}, s_{p2}))            s_p: the target's residual stream entering
+                                                   layer p (HF output_hidden_states[p]); config
+                                                   eagle_aux_hidden_state_layer_ids [0, 1, 2] =
+                                                   layer outputs, so p = 1, 2, 3
+    c = cat(input_layernorm(embed(token_{t+1})), hidden_norm(x))
+    x = x + o_proj(attention(c)); y = x + mlp(post_attention_layernorm(x))
+    draft id = argmax lm_head(norm(y)) over a draft vocabulary of half the target's (the task's
+    ids and random others), target id = draft id + d2t[draft id]; later drafts feed y back as x
+saved as LlamaForCausalLMEagle3 (config.json, fc / midlayer.* / norm / lm_head bf16, d2t I64,
+t2d BOOL) and trained briefly on the target's states like the EAGLE-1 head.
 PASS: our tokens == HF greedy (every prompt, every token), and our drafts == the PyTorch head's,
 compared up to the first mismatch of each request-step; a mismatch counts as a near-tie (reported,
 at most max(--max-near-ties, --near-tie-share of the compared drafts) allowed) only where the
@@ -26,6 +37,7 @@ tokens, 5 of 329 drafts differed, all at gaps of 0.10-0.49% of the largest logit
   python3 scripts/hf_eagle_parity.py --binary ./build/examples/model_parity
   python3 scripts/hf_eagle_parity.py --device cpu --dry-run --train-steps 150 --train-batch 16 \\
       --head-train-steps 60 --new-tokens 24
+  python3 scripts/hf_eagle_parity.py --eagle-version 3 ...   (either command, an EAGLE-3 head)
 """
 import argparse
 import json
@@ -61,13 +73,14 @@ class RMSNorm(torch.nn.Module):
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, in_dim=None):
         super().__init__()
+        in_dim = in_dim or c.hidden_size  # EAGLE-3: 2 hidden, cat(embedding, state)
         self.hq, self.hkv = c.num_attention_heads, c.num_key_value_heads
         self.d = c.hidden_size // c.num_attention_heads
-        self.q_proj = torch.nn.Linear(c.hidden_size, self.hq * self.d, bias=False)
-        self.k_proj = torch.nn.Linear(c.hidden_size, self.hkv * self.d, bias=False)
-        self.v_proj = torch.nn.Linear(c.hidden_size, self.hkv * self.d, bias=False)
+        self.q_proj = torch.nn.Linear(in_dim, self.hq * self.d, bias=False)
+        self.k_proj = torch.nn.Linear(in_dim, self.hkv * self.d, bias=False)
+        self.v_proj = torch.nn.Linear(in_dim, self.hkv * self.d, bias=False)
         self.o_proj = torch.nn.Linear(self.hq * self.d, c.hidden_size, bias=False)
 
     def forward(self, x, cos, sin):
@@ -124,6 +137,126 @@ class EagleHead(torch.nn.Module):
         return self.layers[0](x, cos.to(x.dtype), sin.to(x.dtype))
 
 
+# ---- the EAGLE-3 head in plain torch (parameter names = SGLang's / SpecForge's checkpoint names) --
+
+AUX_LAYER_IDS = [0, 1, 2]  # config ids (layer outputs); capture points id + 1 = 1, 2, 3
+
+
+class Layer3(torch.nn.Module):  # llama_eagle3.LlamaDecoderLayer: q/k/v over cat(embedding, state)
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c, 2 * c.hidden_size)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, embeds, x, cos, sin):
+        c = torch.cat((self.input_layernorm(embeds), self.hidden_norm(x)), dim=-1)
+        x = x + self.self_attn(c, cos, sin)  # the residual is the un-normed state
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3Head(torch.nn.Module):
+    def __init__(self, c, draft_ids):
+        super().__init__()
+        self.fc = torch.nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
+        self.midlayer = Layer3(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = torch.nn.Linear(c.hidden_size, len(draft_ids), bias=False)
+        self.rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config=c)
+        self.register_buffer("draft_ids", torch.tensor(draft_ids, dtype=torch.long),
+                             persistent=False)
+
+    def forward(self, embeds, x):
+        """embeds, x: [b, n, H] (x: fc of the target's states, or the head's own y) -> y."""
+        pos = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        cos, sin = self.rotary(x, pos)
+        return self.midlayer(embeds, x, cos.to(x.dtype), sin.to(x.dtype))
+
+    def draft_logits(self, y):
+        return self.lm_head(self.norm(y))
+
+
+def target_aux(target, ids):
+    """cat(s_1, s_2, s_3) of ids [b, n]: the residual stream entering layers id + 1 (HF's
+    hidden_states[i] is the input of layer i)."""
+    hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in AUX_LAYER_IDS], dim=-1)
+
+
+def make_draft_ids(vocab, seed):
+    """Half the vocabulary: every id of the period task ([32, 208)) and random others, sorted."""
+    rng = np.random.default_rng(seed + 21)
+    task = set(range(32, 208))
+    others = [i for i in rng.permutation(vocab).tolist() if i not in task]
+    return sorted(task | set(others[:vocab // 2 - len(task)]))
+
+
+def train_head3(head, target, steps, batch, seq_len, device, seed):
+    """Head row j (token_{j+1}, a_j) predicts token_{j+2} over the draft vocabulary."""
+    gen = torch.Generator(device=device).manual_seed(seed + 11)
+    opt = torch.optim.AdamW([p for n, p in head.named_parameters()], lr=2e-3)
+    t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long, device=device)
+    t2d[head.draft_ids] = torch.arange(len(head.draft_ids), device=device)
+    head.train()
+    for step in range(steps):
+        x, mask = task_batch(batch, seq_len, gen, device)
+        with torch.no_grad():
+            a = target_aux(target, x)
+            emb = target.model.embed_tokens(x)
+        y = head(emb[:, 1:], head.fc(a[:, :-1]))
+        logits = head.draft_logits(y[:, :-1]).float()
+        want = t2d[x[:, 2:]]
+        m = mask[:, 1:] & (want >= 0)
+        loss = torch.nn.functional.cross_entropy(logits[m], want[m])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            acc = (logits.argmax(-1) == want)[m].float().mean().item()
+            print(f"  head step {step:4d}  loss {loss.item():.4f}  acc {acc:.4f}", flush=True)
+    head.eval()
+
+
+def save_head3(head, config, path):
+    os.makedirs(path, exist_ok=True)
+    d = config.to_dict()
+    d.update(num_hidden_layers=1, architectures=["LlamaForCausalLMEagle3"], model_type="llama",
+             bias=False, torch_dtype="bfloat16", draft_vocab_size=len(head.draft_ids),
+             eagle_config={"use_aux_hidden_state": True,
+                           "eagle_aux_hidden_state_layer_ids": AUX_LAYER_IDS})
+    d.pop("dtype", None)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(d, f, indent=1)
+    tensors = {n: p.detach().to(torch.bfloat16).contiguous().cpu()
+               for n, p in head.state_dict().items() if not n.startswith("rotary")}
+    ids = head.draft_ids.cpu()
+    tensors["d2t"] = (ids - torch.arange(len(ids))).to(torch.int64).contiguous()
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    tensors["t2d"] = t2d
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+
+
+@torch.no_grad()
+def torch_drafts3(head, target, seq, k):
+    ids = torch.tensor([seq], device=target.lm_head.weight.device)
+    x = head.fc(target_aux(target, ids)[:, :-1])           # from a_0 .. a_{P-1}
+    emb = target.model.embed_tokens(ids[:, 1:])            # token_1 .. token_P
+    drafts, gaps = [], []
+    for _ in range(k):
+        y = head(emb, x)
+        logits = head.draft_logits(y[:, -1]).float()[0]
+        top = logits.topk(2).values
+        gaps.append(float((top[0] - top[1]) / logits.abs().max()))
+        d = int(head.draft_ids[int(logits.argmax())])
+        drafts.append(d)
+        emb = torch.cat((emb, target.model.embed_tokens(torch.tensor([[d]], device=ids.device))), 1)
+        x = torch.cat((x, y[:, -1:]), 1)                   # the head's own y, no fc
+    return drafts, gaps
+
+
 def target_states(target, ids):
     """The target's final-normed states h_0 .. h_{n-1} of ids [b, n]."""
     return target.model(input_ids=ids).last_hidden_state
@@ -171,6 +304,8 @@ def save_head(head, config, path):
 def torch_drafts(head, target, seq, k):
     """K greedy drafts after seq (prompt + committed, its last token at P = len - 1), with each
     draft's top-2 gap relative to its largest logit."""
+    if isinstance(head, Eagle3Head):
+        return torch_drafts3(head, target, seq, k)
     ids = torch.tensor([seq], device=target.lm_head.weight.device)
     h = target_states(target, ids)[:, :-1]                 # h_0 .. h_{P-1}
     emb = target.model.embed_tokens(ids[:, 1:])            # token_1 .. token_P
@@ -268,6 +403,7 @@ def main():
     ap.add_argument("--init-range", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--eagle-version", type=int, choices=[1, 3], default=1)
     args = ap.parse_args()
     transformers.utils.logging.disable_progress_bar()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
@@ -291,7 +427,9 @@ def main():
         p.requires_grad_(False)
     hc = make_pair(args.init_range, layers=1)[0]  # the target's config with one layer
     torch.manual_seed(args.seed + 1)
-    head = EagleHead(hc).to(args.device)
+    v3 = args.eagle_version == 3
+    head = (Eagle3Head(hc, make_draft_ids(config.vocab_size, args.seed)) if v3
+            else EagleHead(hc)).to(args.device)
     for n, p in head.named_parameters():  # HF's init: N(0, init_range), norms 1, biases 0
         if n.endswith("norm.weight"):
             torch.nn.init.ones_(p)
@@ -301,10 +439,10 @@ def main():
             torch.nn.init.normal_(p, std=args.init_range)
     if args.head_train_steps > 0:
         print(f"EAGLE head: training {args.head_train_steps} steps on the target's states")
-        train_head(head, target, args.head_train_steps, args.train_batch, seq_len, args.device,
-                   args.seed)
-    head_dir = os.path.join(work, "eagle")
-    save_head(head, hc, head_dir)
+        (train_head3 if v3 else train_head)(head, target, args.head_train_steps,
+                                            args.train_batch, seq_len, args.device, args.seed)
+    head_dir = os.path.join(work, "eagle3" if v3 else "eagle")
+    (save_head3 if v3 else save_head)(head, hc, head_dir)
     with torch.no_grad():  # the saved bf16 values, in fp32 (rotary's inv_freq stays fp32)
         for p in head.parameters():
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
@@ -345,7 +483,9 @@ def main():
         for i in range(len(prompts)):
             if meta["tokens"][i] != hf[i]:
                 print(f"  prompt {i}: tokens differ from HF greedy")
-    print(f"\nk {args.k}, new tokens {args.new_tokens}; OVERALL:", "PASS" if all_ok else "FAIL",
+    version = "3" if v3 else "1/2"
+    print(f"\nEAGLE-{version} head, k {args.k}, new tokens {args.new_tokens}; OVERALL:",
+          "PASS" if all_ok else "FAIL",
           f"(checkpoints in {work})")
     return 0 if all_ok else 1
 

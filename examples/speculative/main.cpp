@@ -5,16 +5,19 @@
 // and whether every request got the same tokens.
 //
 //   speculative [--target DIR | --model 1b|small] [--draft self|noisy|layers:N|DIR]
-//               [--eagle synthetic|DIR] [--k K] [--requests N] [--max-batch B]
+//               [--eagle synthetic|synthetic3|DIR] [--k K] [--requests N] [--max-batch B]
 //               [--prompt-len L] [--new-tokens T] [--seed S] [--graphs on|off]
 //
 // Drafts: `self` is the target itself (every draft accepted: the machinery at full acceptance,
 // no speedup since the draft costs what the target costs); `noisy` the target with noise on its
 // LM head (part accepted); `layers:N` the target's first N layers with the same weights (a cheap
 // draft); DIR a Hugging Face checkpoint of the target's vocabulary. Synthetic weights by default.
-// --eagle drafts with an EAGLE-1/2 head instead (engine/spec/eagle_weights.h): `synthetic` a
-// seeded random head for the target (the machinery; its drafts are rarely accepted), DIR a head
-// directory (config.json + model.safetensors, EAGLE's tensor names) trained for the target.
+// --eagle drafts with an EAGLE head instead (engine/spec/eagle_weights.h): `synthetic` a seeded
+// random EAGLE-1/2 head for the target, `synthetic3` a seeded random EAGLE-3 head (three captured
+// target layers, a draft vocabulary of half the target's; both show the machinery, their drafts
+// are rarely accepted), DIR a head directory (config.json + model.safetensors, EAGLE's tensor
+// names) trained for the target: EAGLE-1/2 or EAGLE-3 (LlamaForCausalLMEagle3), as its config
+// says.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -46,7 +49,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: speculative [--target DIR | --model 1b|small] "
                "[--draft self|noisy|layers:N|DIR]\n"
-               "                   [--eagle synthetic|DIR] [--k K] [--requests N] [--max-batch B] "
+               "                   [--eagle synthetic|synthetic3|DIR] [--k K] [--requests N] "
+               "[--max-batch B] "
                "[--prompt-len L]\n"
                "                   [--new-tokens T] [--seed S] [--graphs on|off]\n");
   return 2;
@@ -148,15 +152,17 @@ int main(int argc, char** argv) {
             : synthetic_weights(o.model == "1b" ? llama_1b_config() : small_test_config(), o.seed);
     const bool eagle = !o.eagle.empty();
     const HostWeights draft = eagle ? HostWeights{} : make_draft(o, target);
-    const EagleWeights head = !eagle ? EagleWeights{}
-                              : o.eagle == "synthetic"
-                                  ? synthetic_eagle_weights(target.config, o.seed + 11)
+    const EagleWeights head =
+        !eagle                    ? EagleWeights{}
+        : o.eagle == "synthetic"  ? synthetic_eagle_weights(target.config, o.seed + 11)
+        : o.eagle == "synthetic3" ? synthetic_eagle3_weights(target.config, o.seed + 11)
                                   : load_eagle_head(o.eagle);
     std::printf("target: %d layers, hidden %d, vocab %d (%s); ", target.config.num_hidden_layers,
                 target.config.hidden_size, target.config.vocab_size,
                 o.target.empty() ? "synthetic" : o.target.c_str());
     if (eagle)
-      std::printf("EAGLE head (%s), k <= %d\n", o.eagle.c_str(), o.k);
+      std::printf("EAGLE-%s head (%s), k <= %d\n", head.config.eagle3() ? "3" : "1/2",
+                  o.eagle.c_str(), o.k);
     else
       std::printf("draft: %d layers (%s), k <= %d\n", draft.config.num_hidden_layers,
                   o.draft.c_str(), o.k);
