@@ -75,24 +75,6 @@ constexpr double kHeadroomBytes = 2.0 * (1 << 30);
 
 // ---- configs ------------------------------------------------------------------------------------
 
-// The Llama-3.2-1B or Llama-3.1-8B shape (engine/model_config.h); --quick shrinks either to the
-// same small model for a smoke run.
-ModelConfig bench_config(const std::string& shape, bool quick) {
-  ModelConfig c = shape == "8b" ? llama_8b_config() : llama_1b_config();
-  if (!quick) return c;
-  c.tie_word_embeddings = true;
-  c.head_dim = 64;
-  c.vocab_size = 32000;
-  c.hidden_size = 512;
-  c.intermediate_size = 1536;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
-  c.validate();
-  return c;
-}
-
 // Decode only: B rows, KV extent L + 1, one slot per request (plus the padding slot).
 RuntimeOptions decode_options(std::int32_t b, std::int32_t l) {
   RuntimeOptions o;
@@ -334,7 +316,7 @@ int run_main(int argc, char** argv) {
   GD_CUDA(cudaGetDeviceProperties(&dev, dev_id));
   Stream s;
   const double copy_gbps = copy_bandwidth_gbps(s);
-  const ModelConfig config = bench_config(shape, quick);
+  const ModelConfig config = bench_model_config(shape, quick);
   const HostWeights weights = synthetic_weights(config, kSeed);
   std::printf("device: %s, %d SMs, L2 %.0f MiB; D2D copy %.0f GB/s (read + write)\n", dev.name,
               dev.multiProcessorCount, dev.l2CacheSize / 1048576.0, copy_gbps);

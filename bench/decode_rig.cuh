@@ -2,7 +2,7 @@
 // captured for one bucket, B requests whose L + 1 KV positions (and encoder keys, for a cross
 // model) are reserved through the step's page ledger and filled with random bf16 (not prefilled),
 // the step's timing (device time by events around StepGraphs::step after an L2 flush, host time
-// with the device drained) and the comma-list flag parser. Header-only: each bench is one TU.
+// with the device drained). Header-only: each bench is one TU.
 // With RigSteps::kWithSampling the rig also captures the engine's step (engine/sampling_step.h:
 // the same forward, then device sampling and the token publish) over the same runtime, model and
 // step input: greedy and sampled rows differ only in the step image's aux words, so one captured
@@ -275,21 +275,6 @@ GraphEagerRun time_graph_and_eager(DecodeRig& rig, std::int32_t vocab, int warmu
   r.logit_rms = std::sqrt(sq / static_cast<double>(n));
   r.sane = finite && r.logit_rms > 1e-3;
   return r;
-}
-
-// "1,8,64" -> {1, 8, 64}; every entry positive.
-std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<std::int32_t> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    char* end = nullptr;
-    const long x = std::strtol(item.c_str(), &end, 10);
-    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
-               "expected a comma-separated list of positive integers");
-    v.push_back(static_cast<std::int32_t>(x));
-  }
-  GD_REQUIRE(!v.empty(), flag, text, "empty list");
-  return v;
 }
 
 }  // namespace
