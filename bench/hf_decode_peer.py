@@ -33,8 +33,10 @@ to the tokens on the host (bench_prefill's time to first token); medians of up t
 warm-up. Eager only: transformers does not compile the prefill (its docs advise against it).
 
 Cells that do not fit (estimated before allocation) or that raise out-of-memory are skipped with
-the reason; cells after --budget-s seconds are skipped with "time budget" (decode cells run in the
-order of PRIORITY, so the issue's headline cells come first).
+the reason; cells started after --budget-s seconds are skipped with "time budget". Work runs in
+priority order across shapes (the PRIORITY decode cells, then prefill, then the rest of the decode
+grid), so a budget cut drops B = 32 and 128 first; the JSON is rewritten after every cell, so a
+run killed by an outer timeout keeps what it measured.
 """
 import argparse
 import gc
@@ -229,6 +231,9 @@ def decode_cell(model, config, b, l, args, timer, compiled_step, device):
     # The eager step holds the cache and its concatenated copy of one layer (L + 1 keys).
     need = kv_bytes(config, b, l + 1) * 1.1 + (1 << 30)
     with torch.no_grad():
+        if time.monotonic() > args.deadline:
+            row["eager_note"] = row["compiled_note"] = "time budget (--budget-s)"
+            return row
         if need > free_bytes(device):
             row["eager_note"] = f"does not fit: ~{need / 1e9:.1f} GB of KV + headroom"
         else:
@@ -382,43 +387,56 @@ def main():
     log(f"device: {dev_name}, torch {torch.__version__}, transformers {transformers.__version__}")
     timer = Timer(device)
     decode_rows, prefill_rows = [], []
+    models = {}  # shape -> (model, config, compiled step): all resident (1b + 8b: 18.5 GB)
     for shape in shapes:
         torch.manual_seed(0)
         model, config = build_model(shape, device)
+        compiled = None if args.no_compile else make_compiled_step(model, device)
+        models[shape] = (model, config, compiled)
         log(f"shape {shape}: {weight_bytes(model) / 1e9:.2f} GB bf16 weights, sdpa, "
             f"{time.monotonic() - start:.0f} s elapsed")
-        compiled = None if args.no_compile else make_compiled_step(model, device)
-        for b, l in ordered_cells(batches, contexts):
-            row = decode_cell(model, config, b, l, args, timer, compiled, device)
-            row["shape"] = shape
-            decode_rows.append(row)
-            fmt = lambda k: f"{row[k]:10.1f}" if k in row else f"{'-':>10}"  # noqa: E731
-            log(f"decode {shape} B={b:4d} L={l:6d} eager us {fmt('eager_us')} compiled us "
-                f"{fmt('compiled_us')}  {row.get('eager_note', '')} {row.get('compiled_note', '')}"
-                f"  ({time.monotonic() - start:.0f} s)")
-        if not args.no_prefill:
-            for n in requests:
-                for p in prompts:
-                    if time.monotonic() > args.deadline:
-                        row = {"n": n, "P": p, "note": "time budget (--budget-s)"}
-                    else:
-                        row = prefill_cell(model, config, n, p, device)
-                    row["shape"] = shape
-                    prefill_rows.append(row)
-                    log(f"prefill {shape} n={n:3d} P={p:6d} "
-                        + (f"{row['prefill_ms']:10.2f} ms, ttft {row['ttft_ms']:10.2f} ms, "
-                           f"{row['tokens_per_s']:10.0f} tok/s" if "ttft_ms" in row
-                           else f"skipped: {row['note']}"))
-        del model, compiled
-        torch._dynamo.reset()
-        cleanup(device)
-    if args.json:
+
+    def write_json():  # after every cell: a run cut short by a timeout keeps what it measured
+        if not args.json:
+            return
         with open(args.json, "w") as f:
             json.dump({"bench": "hf_decode_peer", "device": dev_name, "torch": torch.__version__,
                        "transformers": transformers.__version__, "reps": args.reps,
                        "l2_flush": True, "attn_implementation": "sdpa", "dtype": "bf16",
                        "elapsed_s": time.monotonic() - start,
                        "decode": decode_rows, "prefill": prefill_rows}, f, indent=2)
+
+    # Work in priority order across shapes, so a budget cut costs the least important cells: the
+    # PRIORITY decode cells, then prefill (small first), then the rest of the decode grid.
+    cells = ordered_cells(batches, contexts)
+    n_first = len([c for c in PRIORITY if c in cells])
+    work = [("decode", shape, c) for c in cells[:n_first] for shape in shapes]
+    if not args.no_prefill:
+        work += [("prefill", shape, (n, p)) for n in requests for p in prompts for shape in shapes]
+    work += [("decode", shape, c) for c in cells[n_first:] for shape in shapes]
+    for kind, shape, (x, y) in work:
+        model, config, compiled = models[shape]
+        if kind == "decode":
+            row = decode_cell(model, config, x, y, args, timer, compiled, device)
+            row["shape"] = shape
+            decode_rows.append(row)
+            fmt = lambda k: f"{row[k]:10.1f}" if k in row else f"{'-':>10}"  # noqa: E731
+            log(f"decode {shape} B={x:4d} L={y:6d} eager us {fmt('eager_us')} compiled us "
+                f"{fmt('compiled_us')}  {row.get('eager_note', '')} {row.get('compiled_note', '')}"
+                f"  ({time.monotonic() - start:.0f} s)")
+        else:
+            if time.monotonic() > args.deadline:
+                row = {"n": x, "P": y, "note": "time budget (--budget-s)"}
+            else:
+                row = prefill_cell(model, config, x, y, device)
+            row["shape"] = shape
+            prefill_rows.append(row)
+            log(f"prefill {shape} n={x:3d} P={y:6d} "
+                + (f"{row['prefill_ms']:10.2f} ms, ttft {row['ttft_ms']:10.2f} ms, "
+                   f"{row['tokens_per_s']:10.0f} tok/s" if "ttft_ms" in row
+                   else f"skipped: {row['note']}") + f"  ({time.monotonic() - start:.0f} s)")
+        write_json()
+    write_json()
     return 0
 
 
