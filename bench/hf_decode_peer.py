@@ -143,7 +143,8 @@ class Timer:
 
     def __init__(self, device):
         self.cuda = device == "cuda"
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size if self.cuda else 1 << 20
+        l2 = (getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+              if self.cuda else 1 << 20)
         self.flush = torch.ones(max(4 * l2, 64 << 20) // 4 if self.cuda else 1024,
                                 device=device, dtype=torch.float32)
 
