@@ -1,5 +1,7 @@
-// Pieces every benchmark binary shares: random device data, the L2 flush, medians and the
-// device copy bandwidth that floors are measured against. Header-only: each bench is one TU.
+// Pieces every benchmark binary shares: random device data, the L2 flush, medians, the device
+// copy bandwidth that floors are measured against, the dense bf16 peak that compute fractions are
+// taken of, the model shapes of the decode and prefill benches and the comma-list flag parser.
+// Header-only: each bench is one TU.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,11 +10,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/buffers.h"
 #include "common/cuda_check.h"
+#include "common/error.h"
 #include "common/stream.h"
+#include "engine/model_config.h"
 
 namespace graphdecode::bench {
 namespace {
@@ -86,6 +94,64 @@ double copy_bandwidth_gbps(cudaStream_t s) {
     ms.push_back(e1.elapsed_ms_since(e0));
   }
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// The Llama-3.2-1B or Llama-3.1-8B shape (engine/model_config.h); --quick shrinks either to the
+// same small model for a smoke run.
+ModelConfig bench_model_config(const std::string& shape, bool quick) {
+  ModelConfig c = shape == "8b" ? llama_8b_config() : llama_1b_config();
+  if (!quick) return c;
+  c.tie_word_embeddings = true;
+  c.head_dim = 64;
+  c.vocab_size = 32000;
+  c.hidden_size = 512;
+  c.intermediate_size = 1536;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  c.validate();
+  return c;
+}
+
+// Dense bf16 tensor peak (TFLOP/s, no sparsity) of the device, from its name, for the "% of
+// peak" of compute-bound work; 0 when the name is not one we know (the fraction is then not
+// reported). NVIDIA datasheets: H100 SXM and H200 SXM 989 (names "NVIDIA H100 80GB HBM3",
+// "NVIDIA H200"), H100 NVL and H200 NVL 835, H100 PCIe 756. `source` says which entry matched.
+double dense_bf16_peak_tflops(std::string_view name, std::string* source = nullptr) {
+  struct Entry {
+    std::string_view key;
+    double tflops;
+    std::string_view what;
+  };
+  // Most specific first: "H100 NVL" before "H100".
+  constexpr Entry kTable[] = {
+      {"H200 NVL", 835, "H200 NVL datasheet"}, {"H200", 989, "H200 SXM datasheet"},
+      {"H100 NVL", 835, "H100 NVL datasheet"}, {"H100 PCIe", 756, "H100 PCIe datasheet"},
+      {"H100", 989, "H100 SXM datasheet"},
+  };
+  for (const Entry& e : kTable) {
+    if (name.find(e.key) == std::string_view::npos) continue;
+    if (source) *source = std::string(e.what);
+    return e.tflops;
+  }
+  if (source) *source = "unknown device";
+  return 0;
+}
+
+// "1,8,64" -> {1, 8, 64}; every entry positive.
+std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<std::int32_t> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    char* end = nullptr;
+    const long x = std::strtol(item.c_str(), &end, 10);
+    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
+               "expected a comma-separated list of positive integers");
+    v.push_back(static_cast<std::int32_t>(x));
+  }
+  GD_REQUIRE(!v.empty(), flag, text, "empty list");
+  return v;
 }
 
 }  // namespace

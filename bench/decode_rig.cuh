@@ -2,7 +2,11 @@
 // captured for one bucket, B requests whose L + 1 KV positions (and encoder keys, for a cross
 // model) are reserved through the step's page ledger and filled with random bf16 (not prefilled),
 // the step's timing (device time by events around StepGraphs::step after an L2 flush, host time
-// with the device drained) and the comma-list flag parser. Header-only: each bench is one TU.
+// with the device drained). Header-only: each bench is one TU.
+// With RigSteps::kWithSampling the rig also captures the engine's step (engine/sampling_step.h:
+// the same forward, then device sampling and the token publish) over the same runtime, model and
+// step input: greedy and sampled rows differ only in the step image's aux words, so one captured
+// graph replays both.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,13 +29,20 @@
 #include "common/stream.h"
 #include "engine/llama_model.h"
 #include "engine/model_step.h"
+#include "engine/row_sampler.h"
 #include "engine/runtime/model_runtime.h"
 #include "engine/runtime/step_context.h"
+#include "engine/sampling_step.h"
+#include "engine/scheduler.h"
 #include "engine/weights.h"
 #include "graphs/step_graphs.h"
 
 namespace graphdecode::bench {
 namespace {
+
+// What the rig captures: the forward alone (ModelStep: prep, plans, layers, logits), or that and
+// the engine's step with device sampling (SamplingStep) as a second StepGraphs.
+enum class RigSteps : std::uint8_t { kForward, kWithSampling };
 
 // Members are destroyed in reverse order: graphs, program, model, runtime, then the step.
 struct DecodeRig {
@@ -39,25 +50,36 @@ struct DecodeRig {
   std::unique_ptr<ModelRuntime> runtime;
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ModelStep> program;
+  std::unique_ptr<SamplingStep> sampling;  // kWithSampling only
   std::unique_ptr<StepGraphs> graphs;
-  std::vector<StepRequest> requests;  // [B] decode rows: prefix L, extend 1, encoder_len
-  std::vector<std::int32_t> tokens;   // [B]
-  std::int32_t encode_slot = 0;       // with encode_keys > 0: a slot holding that many cross keys
+  std::unique_ptr<StepGraphs> sampling_graphs;  // kWithSampling only
+  std::vector<StepRequest> requests;            // [B] decode rows: prefix L, extend 1, encoder_len
+  std::vector<std::int32_t> tokens;             // [B]
+  std::vector<std::int32_t> aux;  // [B][SamplingWords::kCount] with kWithSampling, else empty
+  std::int32_t encode_slot = 0;   // with encode_keys > 0: a slot holding that many cross keys
 
   // `o` sizes the runtime (decode only: o.max_tokens >= b, o.max_kv_len >= l + 1, slots for b
   // requests and the encode slot). `encoder_lens`: [b] keys per request, or empty (no cross).
   DecodeRig(const HostWeights& w, const RuntimeOptions& o, std::int32_t b, std::int32_t l,
             const std::vector<std::int32_t>& encoder_lens, std::int32_t encode_keys,
-            std::uint64_t seed, cudaStream_t s) {
+            std::uint64_t seed, cudaStream_t s, RigSteps steps = RigSteps::kForward) {
     const AttentionLayout layout = llama_attention_layout(w.config);
-    const StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
+    StepCapacity cap = step_capacity(o, std::span<const AttentionLayout>(&layout, 1));
+    if (steps == RigSteps::kWithSampling) {  // what the engine's DecodeRunner asks for
+      cap.aux_words = SamplingWords::kCount;
+      cap.token_feedback = true;
+    }
     step = std::make_unique<StepContext>(cap, ledger_pools(cap, o));
     runtime = std::make_unique<ModelRuntime>(layout, o, *step, 0, s);
     model = std::make_unique<LlamaModel>(w, o, s);
     program = std::make_unique<ModelStep>(*runtime, *model);
+    // Before any capture: SamplingStep points the prep at its token feedback buffer.
+    if (steps == RigSteps::kWithSampling)
+      sampling = std::make_unique<SamplingStep>(*runtime, *model, s);
     StepGraphsConfig gc;
     gc.buckets = {b};
     graphs = std::make_unique<StepGraphs>(step->input(), *program, gc);
+    if (sampling) sampling_graphs = std::make_unique<StepGraphs>(step->input(), *sampling, gc);
     KvLedger& ledger = step->ledger();
     std::vector<std::int32_t> slots(static_cast<std::size_t>(b));
     for (auto& slot : slots) slot = ledger.acquire();
@@ -100,7 +122,24 @@ struct DecodeRig {
       requests.push_back({slots[i], l, 1, encoder_lens.empty() ? 0 : encoder_lens[i]});
       tokens.push_back((r * 7919 + 11) % w.config.vocab_size);
     }
+    if (sampling) set_sampling(SamplingParams{});  // greedy
     graphs->capture(s);
+    if (sampling_graphs) sampling_graphs->capture(s);
+  }
+
+  // kWithSampling: every row samples with `p`, row r with seed p.seed + r (rows differ, as
+  // requests of a batch would).
+  void set_sampling(const SamplingParams& p) {
+    GD_REQUIRE(sampling != nullptr, "set_sampling", "RigSteps::kForward",
+               "the rig was built without the sampling step");
+    aux.assign(requests.size() * SamplingWords::kCount, 0);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      SamplingParams row = p;
+      row.seed = p.seed + r;
+      SamplingWords::write(
+          row, 0,
+          std::span<std::int32_t>(aux).subspan(r * SamplingWords::kCount, SamplingWords::kCount));
+    }
   }
 
   StepDesc desc() const {
@@ -109,7 +148,8 @@ struct DecodeRig {
     d.tokens_per_request = 1;
     d.requests = requests;
     d.token_ids = tokens;
-    return d;  // no table commands: the pages were applied at setup
+    d.aux = aux;  // the forward's graphs ignore the words (the prep does not read them)
+    return d;     // no table commands: the pages were applied at setup
   }
 
  private:
@@ -156,13 +196,13 @@ struct StepTimes {
   double device_us = 0, host_us = 0;
 };
 
-StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Timer& t,
-                     cudaStream_t s) {
-  rig.graphs->set_use_graphs(use_graphs);
-  const StepDesc d = rig.desc();
+// `graphs`' step of `d`, by graph replay or eagerly (see the file comment for the two times).
+StepTimes time_steps(StepGraphs& graphs, const StepDesc& d, bool use_graphs, int warmup, int reps,
+                     Timer& t, cudaStream_t s) {
+  graphs.set_use_graphs(use_graphs);
   const StepPath want = use_graphs ? StepPath::kGraph : StepPath::kEager;
   for (int i = 0; i < warmup; ++i) {
-    const StepPath p = rig.graphs->step(d, s);
+    const StepPath p = graphs.step(d, s);
     GD_REQUIRE(p == want, "path", static_cast<int>(p), "the step did not take the expected path");
   }
   GD_CUDA(cudaStreamSynchronize(s));
@@ -171,7 +211,7 @@ StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Time
   for (int i = 0; i < reps; ++i) {
     t.flush_now(s);
     t.start[static_cast<std::size_t>(i)].record(s);
-    rig.graphs->step(d, s);
+    graphs.step(d, s);
     t.stop[static_cast<std::size_t>(i)].record(s);
   }
   GD_CUDA(cudaStreamSynchronize(s));
@@ -184,13 +224,19 @@ StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Time
   for (int i = 0; i < reps; ++i) {
     GD_CUDA(cudaStreamSynchronize(s));
     const auto t0 = std::chrono::steady_clock::now();
-    rig.graphs->step(d, s);
+    graphs.step(d, s);
     const auto t1 = std::chrono::steady_clock::now();
     t.us[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
   }
   GD_CUDA(cudaStreamSynchronize(s));
   r.host_us = median(t.us);
   return r;
+}
+
+// The rig's forward (ModelStep graphs).
+StepTimes time_steps(DecodeRig& rig, bool use_graphs, int warmup, int reps, Timer& t,
+                     cudaStream_t s) {
+  return time_steps(*rig.graphs, rig.desc(), use_graphs, warmup, reps, t, s);
 }
 
 // The rig's step timed by graph replay, then eagerly, with a sanity check of the logits each path
@@ -229,21 +275,6 @@ GraphEagerRun time_graph_and_eager(DecodeRig& rig, std::int32_t vocab, int warmu
   r.logit_rms = std::sqrt(sq / static_cast<double>(n));
   r.sane = finite && r.logit_rms > 1e-3;
   return r;
-}
-
-// "1,8,64" -> {1, 8, 64}; every entry positive.
-std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
-  std::vector<std::int32_t> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    char* end = nullptr;
-    const long x = std::strtol(item.c_str(), &end, 10);
-    GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
-               "expected a comma-separated list of positive integers");
-    v.push_back(static_cast<std::int32_t>(x));
-  }
-  GD_REQUIRE(!v.empty(), flag, text, "empty list");
-  return v;
 }
 
 }  // namespace

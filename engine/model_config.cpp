@@ -518,4 +518,17 @@ ModelConfig llama_1b_config() {
   return c;
 }
 
+ModelConfig llama_8b_config() {
+  ModelConfig c = llama_1b_config();
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.head_dim = 128;
+  c.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.tie_word_embeddings = false;
+  c.layers.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerAttention{});
+  c.validate();
+  return c;
+}
+
 }  // namespace graphdecode

@@ -97,6 +97,11 @@ ModelConfig small_test_config();
 // example and benchmark, run on synthetic weights.
 ModelConfig llama_1b_config();
 
+// The shape of Llama-3.1-8B (hidden 4096, 32 layers, 32 q / 8 kv heads of 128, SwiGLU 14336, vocab
+// 128256, untied, rope theta 500000 with llama3 scaling x8): the 8B-class config of the decode and
+// prefill benchmarks, run on synthetic weights (8.03 B parameters, 16.1 GB bf16).
+ModelConfig llama_8b_config();
+
 // A tiny valid Mllama text decoder for tests and examples: small_test_config's shape (no sliding
 // window) with 6 layers, layers 1 and 4 gated cross-attention blocks, vocab 512 + 8 input ids.
 ModelConfig small_cross_test_config();

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "engine/model_config.h"
+#include "engine/weights.h"
 #include "safetensors_writer.h"
 
 namespace graphdecode {
@@ -91,6 +92,27 @@ TEST(ModelConfig, Llama3WithRopeScalingAndTiedEmbeddings) {
     EXPECT_LT(l.window_left, 0);
   }
   EXPECT_FALSE(c.any_sliding());
+}
+
+// The 8B-class bench preset has Llama-3.1-8B's dimensions: its published parameter count.
+TEST(ModelConfig, Llama8bPresetHasLlama31Dimensions) {
+  const ModelConfig c = llama_8b_config();
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.num_hidden_layers, 32);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  std::int64_t params = 0;
+  for (const TensorSpec& t : expected_tensors(c)) {
+    std::int64_t n = 1;
+    for (const std::int64_t d : t.shape) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(params, 8030261248);  // meta-llama/Llama-3.1-8B
 }
 
 TEST(ModelConfig, DefaultsForKvHeadsHeadDimAndRope) {

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Issue 38's measurement in one device call (<= 600 s): decode step (1B and 8B shapes, greedy and
+# sampled engine steps, floor), prefill (TTFT, tokens/s, % of the dense bf16 peak), the
+# transformers peer, and the combined tables (bench/NOTES.md "Issue 38 tables").
+#
+#   scripts/perf/bench38.sh                   (on the device, from the repository root)
+#   GD38_PARTS="peer table" scripts/perf/bench38.sh     (a subset; earlier results in $OUT are kept)
+#
+# $OUT gets three files: <gpu>_bench38_tables.md (the tables),
+# bench38_summary.txt (what ran, rc and seconds per part) and bench38.tar.gz (every .txt / .json in
+# the bench/results naming, e.g. h200_bench_decode_8b.json, and the build log). Each part runs
+# under `timeout`, so one that hangs cannot take the others' time; the peer gets what is left.
+#
+# Time budget (estimates, H100/H200, fresh machine; a warm one with build-gpu skips most of the
+# build):
+#   build        ~150 s  libgraphdecode + bench_decode + bench_prefill, 16 cores, no ccache
+#   decode 1b     ~35 s  10 cells x (4 x 110 steps of ~1-5 ms + weight upload, KV fill, capture)
+#   decode 8b     ~80 s  --reps 50; 8B synthetic weights ~10 s on the host, 16 GB upload per cell;
+#                        B=128 L=4096 (69 GB of K/V) is skipped on an H100 by the fit check
+#   prefill 1b    ~20 s  chunks 512 and 8192, 6 cells each, >= 2 runs a cell
+#   prefill 8b    ~60 s  chunks 512 and 8192; 16 x 8k is ~2.4 PFLOP, ~5-10 s a run, 2 runs
+#   peer         rest    --budget-s = 560 - elapsed - 60 (a compile started just before the budget
+#                        runs over by up to ~60 s); torch.compile costs ~30-90 s per shape for the
+#                        first cell and again for the first recompile (B, L become dynamic), so the
+#                        headline cells (B 1/8/64) come first and B 32/128 are the ones cut
+#   table          ~1 s
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+export PATH=/usr/local/cuda/bin:$PATH
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+# Results and logs are written outside $OUT (the device tool returns few files) and packed at the
+# end; under build-gpu/ so that a later call on the same warm machine (GD38_PARTS) finds them.
+WORK=${GD38_WORK:-$PWD/build-gpu/bench38}
+mkdir -p "$WORK"
+PARTS=${GD38_PARTS:-"build decode prefill peer table"}
+BUILD=build-gpu
+TOTAL_S=${GD38_TOTAL_S:-560}  # the device call's 600 s less a margin for packing the results
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$gpu" in
+  *H200*) tag=h200 ;;
+  *H100*) tag=h100 ;;
+  *) tag=gpu ;;
+esac
+summary=$WORK/bench38_summary.txt
+echo "device: ${gpu:-unknown}; parts: $PARTS; $(git rev-parse --short HEAD 2>/dev/null)" > "$summary"
+# part NAME LIMIT_S CMD...: runs CMD under timeout, logs rc and seconds.
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  printf '%-12s rc %3d  %4d s  (limit %d s)\n' "$name" "$rc" $((SECONDS - t0)) "$limit" |
+    tee -a "$summary"
+  return $rc
+}
+left() { echo $((TOTAL_S - SECONDS)); }
+
+if has build; then
+  part build 300 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a > '$WORK/build.log' 2>&1 &&
+    ninja -C $BUILD bench_decode bench_prefill >> '$WORK/build.log' 2>&1" ||
+    { tail -30 "$WORK/build.log"; tar -C "$WORK" -czf "$OUT/bench38.tar.gz" .;
+      cp "$summary" "$OUT/"; exit 1; }
+fi
+
+# Ours: decode (both shapes), then prefill (both shapes). 100 reps for 1B (the earlier runs'),
+# 50 for 8B (steps of 4-20 ms: 50 keeps it in budget and the median stable).
+if has decode; then
+  for shape in 1b 8b; do
+    reps=100 limit=90
+    [ "$shape" = 8b ] && reps=50 limit=180
+    part "decode $shape" "$limit" "$BUILD/bench/bench_decode" --shape "$shape" \
+      --batches 1,8,32,64,128 --context 1024,4096 --reps "$reps" \
+      --json "$WORK/${tag}_bench_decode_$shape.json" > "$WORK/${tag}_bench_decode_$shape.txt" 2>&1
+    tail -14 "$WORK/${tag}_bench_decode_$shape.txt"
+  done
+fi
+if has prefill; then
+  for shape in 1b 8b; do
+    limit=60
+    [ "$shape" = 8b ] && limit=120
+    part "prefill $shape" "$limit" "$BUILD/bench/bench_prefill" --shape "$shape" \
+      --prompts 512,2048,8192 --requests 1,16 --step-tokens 512,8192 \
+      --json "$WORK/${tag}_bench_prefill_$shape.json" > "$WORK/${tag}_bench_prefill_$shape.txt" 2>&1
+    tail -14 "$WORK/${tag}_bench_prefill_$shape.txt"
+  done
+fi
+
+# The peer: whatever time is left (its JSON is rewritten after every cell, so a timeout keeps
+# what it measured).
+if has peer; then
+  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+    budget=$(($(left) - 60))
+    if [ "$budget" -gt 30 ]; then
+      part peer $(($(left) - 10)) python3 bench/hf_decode_peer.py --shapes 1b,8b \
+        --batches 1,8,32,64,128 --contexts 1024,4096 --prompts 512,2048,8192 --requests 1,16 \
+        --reps 30 --budget-s "$budget" --json "$WORK/${tag}_hf_decode_peer.json" \
+        > "$WORK/${tag}_hf_decode_peer.txt" 2>&1
+      tail -12 "$WORK/${tag}_hf_decode_peer.txt"
+    else
+      echo "peer         skipped: ${budget} s of budget left" | tee -a "$summary"
+    fi
+  else
+    echo "peer         skipped: no torch/transformers with CUDA" | tee -a "$summary"
+  fi
+fi
+
+if has table; then
+  dec=() pf=() targs=()
+  for s in 1b 8b; do
+    [ -f "$WORK/${tag}_bench_decode_$s.json" ] && dec+=("$WORK/${tag}_bench_decode_$s.json")
+    [ -f "$WORK/${tag}_bench_prefill_$s.json" ] && pf+=("$WORK/${tag}_bench_prefill_$s.json")
+  done
+  [ ${#dec[@]} -gt 0 ] && targs+=(--decode "${dec[@]}")
+  [ ${#pf[@]} -gt 0 ] && targs+=(--prefill "${pf[@]}")
+  [ -f "$WORK/${tag}_hf_decode_peer.json" ] && targs+=(--peer "$WORK/${tag}_hf_decode_peer.json")
+  part table 30 python3 bench/decode_table.py "${targs[@]}" > "$WORK/${tag}_bench38_tables.md" 2>&1
+  cp "$WORK/${tag}_bench38_tables.md" "$OUT/"
+  cat "$WORK/${tag}_bench38_tables.md"
+fi
+echo "total        $SECONDS s" | tee -a "$summary"
+cp "$summary" "$OUT/"
+tar -C "$WORK" -czf "$OUT/bench38.tar.gz" .
