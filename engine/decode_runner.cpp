@@ -29,7 +29,8 @@ DecodeRunner::DecodeRunner(const HostWeights& weights, const RuntimeOptions& opt
   requests_.reserve(b);
   token_ids_.reserve(static_cast<std::size_t>(cap.max_tokens));
   aux_.reserve(b * SamplingWords::kCount);
-  published_ = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(program_->max_rows()) + 1);
+  for (auto& buf : published_)
+    buf = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(program_->max_rows()) + 1);
 }
 
 void DecodeRunner::admit_encoders(const StepPlan& plan, const Scheduler& scheduler) {
@@ -56,6 +57,13 @@ void DecodeRunner::admit_encoders(const StepPlan& plan, const Scheduler& schedul
 }
 
 void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) {
+  launch(plan, scheduler);
+  collect(plan, out);
+}
+
+void DecodeRunner::launch(const StepPlan& plan, const Scheduler& scheduler) {
+  GD_REQUIRE(launched_ - collected_ < 2, "steps in flight", launched_ - collected_,
+             "at most two steps are launched and not collected");
   admit_encoders(plan, scheduler);
   requests_.clear();
   token_ids_.clear();
@@ -64,15 +72,16 @@ void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepRes
   const NvtxRange phase(decode ? "graphdecode.decode" : "graphdecode.prefill",
                         decode ? NvtxColor::kDecode : NvtxColor::kPrefill,
                         static_cast<std::int64_t>(plan.requests.size()));
-  NvtxRange launch("graphdecode.launch", NvtxColor::kLaunch);  // image, copy, graph launch
+  const NvtxRange launch("graphdecode.launch", NvtxColor::kLaunch);  // image, copy, graph launch
   KvLedger& ledger = step_->ledger();
   for (const PlannedRequest& p : plan.requests) {
     // Cannot fail for want of pages: the scheduler admitted the request only with its whole
-    // extent reserved.
+    // extent reserved (a row planned ahead stays inside it: it is never past max_new_tokens).
     ledger.extend(p.slot, p.extend_len);
     requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, p.encoder_len});
     if (decode) {
-      // The input token is the one this slot sampled last step, already on the device.
+      // The input token is the one this slot sampled last step, already on the device (written
+      // by the step before, even one still running: the stream orders them).
       token_ids_.push_back(step_rules::kTokenFromDevice);
     } else {
       token_ids_.insert(token_ids_.end(), p.tokens.begin(), p.tokens.end());
@@ -89,20 +98,35 @@ void DecodeRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepRes
   d.token_ids = token_ids_;
   d.aux = aux_;
   step_->attach_commands(d);
-  out.path = graphs_->step(d, stream_);
+  path_[static_cast<std::size_t>(launched_ % 2)] = graphs_->step(d, stream_);
   ledger.clear_commands();
-  launch.next("graphdecode.wait", NvtxColor::kWait);  // the step's one wait, below
+  // The read-back of this step's tokens, ordered after it on the stream (a later step rewrites
+  // the device buffer only after this copy).
+  const auto b = static_cast<std::size_t>(launched_ % 2);
   const auto rows = static_cast<std::size_t>(program_->max_rows());
-  GD_CUDA(cudaMemcpyAsync(published_.data(), program_->published(),
+  GD_CUDA(cudaMemcpyAsync(published_[b].data(), program_->published(),
                           (rows + 1) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
-  copied_.record(stream_);
-  copied_.synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
-  const std::int32_t bad = published_.data()[rows];
+  copied_[b].record(stream_);
+  ++launched_;
+}
+
+void DecodeRunner::collect(const StepPlan& plan, StepResult& out) {
+  GD_REQUIRE(collected_ < launched_, "steps in flight", 0, "collect() without a launched step");
+  const auto b = static_cast<std::size_t>(collected_ % 2);
+  ++collected_;
+  {
+    const NvtxRange wait("graphdecode.wait", NvtxColor::kWait);
+    copied_[b].synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
+  }
+  const auto rows = static_cast<std::size_t>(program_->max_rows());
+  const std::int32_t* published = published_[b].data();
+  const std::int32_t bad = published[rows];
   GD_REQUIRE(bad == 0, "bad_token_flag", bad,
              "the embedding saw a token id outside the vocabulary (internal error)");
+  out.path = path_[b];
   out.drafts = 0;
   out.counts.assign(plan.requests.size(), 1);
-  out.tokens.assign(published_.data(), published_.data() + plan.requests.size());
+  out.tokens.assign(published, published + plan.requests.size());
 }
 
 }  // namespace graphdecode

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,12 @@ class DecodeRunner : public StepRunner {
                cudaStream_t stream);
 
   void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) override;
+  // Pipelining: a decode step is launched while the one before runs (its rows read their input
+  // token from the device feedback), so the staging of a step is double-buffered: the pinned
+  // image (StepInput's ring of two), the pinned token read-back and its event.
+  bool pipelines() const override { return true; }
+  void launch(const StepPlan& plan, const Scheduler& scheduler) override;
+  void collect(const StepPlan& plan, StepResult& out) override;
   // The cross model's admitted requests: encoder pages in the ledger, the cross table updated
   // now, their encoder states projected into it. Nothing for a model without cross layers.
   void admit_encoders(const StepPlan& plan, const Scheduler& scheduler);
@@ -44,8 +51,11 @@ class DecodeRunner : public StepRunner {
   // Per-step host staging, sized at start-up.
   std::vector<StepRequest> requests_;
   std::vector<std::int32_t> token_ids_, aux_;
-  PinnedBuffer<std::int32_t> published_;  // [max_logit_rows + 1]
-  Event copied_{cudaEventDisableTiming};
+  // Token read-back, one per step in flight: [max_logit_rows + 1] each, and its copy's event.
+  std::array<PinnedBuffer<std::int32_t>, 2> published_;
+  std::array<Event, 2> copied_{Event(cudaEventDisableTiming), Event(cudaEventDisableTiming)};
+  std::array<StepPath, 2> path_{};
+  std::int64_t launched_ = 0, collected_ = 0;  // steps launched / collected; buffer = count % 2
 };
 
 }  // namespace graphdecode

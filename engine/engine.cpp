@@ -122,8 +122,10 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
 
   const auto b = static_cast<std::size_t>(config_.max_batch);
   const auto k = static_cast<std::size_t>(config_.speculative.max_draft_tokens);
-  plan_.requests.reserve(b);
-  plan_.admitted.reserve(b);
+  for (StepPlan& p : plans_) {
+    p.requests.reserve(b);
+    p.admitted.reserve(b);
+  }
   result_.counts.reserve(b);
   result_.tokens.reserve(b * (k + 1));
   events_.reserve(b * (k + 1));
@@ -162,35 +164,75 @@ void Engine::require_healthy() const {
              "an earlier step failed: the engine serves no further steps (destroy it)");
 }
 
+Error Engine::step_failure(const StepPlan& plan, const std::exception& e) {
+  // A failure past validation (a CUDA error, a device-side flag) leaves the step half done:
+  // pages extended, the device's tables and tokens unknown. Serving on would serve garbage.
+  const std::string step = std::to_string(stats_.steps + 1) + " (" +
+                           (plan.kind == StepKind::kDecode ? "decode" : "prefill") + ", " +
+                           std::to_string(plan.requests.size()) + " requests)";
+  failure_ = "step " + step + ": " + e.what();
+  return Error(
+      "the step failed; the engine serves no further steps (destroy it): " + std::string(e.what()),
+      "Engine::step", "step", step);
+}
+
 bool Engine::step() {
   require_healthy();
   const auto t0 = std::chrono::steady_clock::now();
   const NvtxRange step_range("graphdecode.step", NvtxColor::kStep);
-  {
-    const NvtxRange r("graphdecode.schedule");
-    scheduler_->next_step(plan_);
+  const bool pipelines = config_.pipeline && runner_->pipelines();
+  // The plan delivered by this call: the one in flight, or a new one planned now.
+  const int cur = done_ ^ 1;
+  StepPlan& plan = plans_[cur];
+  StepPlan& next = plans_[done_];  // the plan delivered last time: free for the step after
+  if (!inflight_) {
+    {
+      const NvtxRange r("graphdecode.schedule");
+      scheduler_->next_step(plan);
+    }
+    if (plan.empty()) {
+      done_ = cur;
+      return false;
+    }
+    if (pipelines) {
+      try {
+        runner_->launch(plan, *scheduler_);  // ranges: .prefill / .decode
+      } catch (const std::exception& e) {
+        throw step_failure(plan, e);
+      }
+    }
   }
-  if (plan_.empty()) return false;
+  bool ahead = false;
   try {
-    runner_->run(plan_, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+    if (pipelines) {
+      // The next decode step goes to the device before this one's tokens are waited for. Its
+      // rows read their input token from the device; its plan assumes every row here commits one
+      // token (rows that end here by a stop token or a cancel are discarded when it is
+      // delivered).
+      if (plan.kind == StepKind::kDecode) {
+        const NvtxRange r("graphdecode.schedule_ahead");
+        ahead = scheduler_->next_step_ahead(plan, next);
+      }
+      if (ahead) runner_->launch(next, *scheduler_);
+      runner_->collect(plan, result_);  // the step's one wait
+    } else {
+      runner_->run(plan, *scheduler_, result_);  // ranges: .prefill / .decode / .speculative
+    }
   } catch (const std::exception& e) {
-    // A failure past validation (a CUDA error, a device-side flag) leaves the step half done:
-    // pages extended, the device's tables and tokens unknown. Serving on would serve garbage.
-    const std::string step = std::to_string(stats_.steps + 1) + " (" +
-                             (plan_.kind == StepKind::kDecode ? "decode" : "prefill") + ", " +
-                             std::to_string(plan_.requests.size()) + " requests)";
-    failure_ = "step " + step + ": " + e.what();
-    throw Error("the step failed; the engine serves no further steps (destroy it): " +
-                    std::string(e.what()),
-                "Engine::step", "step", step);
+    throw step_failure(plan, e);
   }
+  inflight_ = ahead;
+  done_ = cur;
   // The runner projected the admitted requests' encoder states: their host copies can go.
-  for (const RequestId id : plan_.admitted) scheduler_->drop_encoder_states(id);
+  for (const RequestId id : plan.admitted) scheduler_->drop_encoder_states(id);
   const NvtxRange deliver_range("graphdecode.deliver", NvtxColor::kHost,
                                 static_cast<std::int64_t>(result_.tokens.size()));
   // Releases finished requests in the ledger before any callback runs, so a throwing callback
-  // leaves the books consistent.
-  scheduler_->on_step_done(plan_, result_.counts, result_.tokens, events_);
+  // leaves the books consistent. In a plan made ahead, rows of requests that ended in the step
+  // before are skipped (their tokens discarded, never delivered).
+  scheduler_->on_step_done(plan, result_.counts, result_.tokens, events_);
+  if (plan.ahead)
+    stats_.discarded_rows += static_cast<std::int64_t>(plan.requests.size() - events_.size());
   runner_->retire(events_);
   in_callbacks_ = true;
   std::int64_t delivered = 0;  // token events delivered (a callback's cancel() drops later ones)
@@ -217,9 +259,27 @@ bool Engine::step() {
   in_callbacks_ = false;
   cancel_events_.clear();
   record(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count(),
-         result_, delivered);
+         plan, result_, delivered);
+  // The step in flight serves nobody when every request ended here: collect it now, so that an
+  // idle engine has nothing in flight (a second wait, only when the batch emptied).
+  if (inflight_ && scheduler_->running() == 0) drain();
   if (first_error) std::rethrow_exception(first_error);
   return true;
+}
+
+void Engine::drain() {
+  const StepPlan& p = plans_[done_ ^ 1];
+  StepResult& r = result_;
+  try {
+    runner_->collect(p, r);
+  } catch (const std::exception& e) {
+    throw step_failure(p, e);
+  }
+  inflight_ = false;
+  // Rows of ended requests only: on_step_done skips them all, nothing to deliver.
+  scheduler_->on_step_done(p, r.counts, r.tokens, events_);
+  stats_.discarded_rows += static_cast<std::int64_t>(p.requests.size());
+  count_step(p, r);
 }
 
 void Engine::deliver(const TokenEvent& e) {
@@ -246,11 +306,16 @@ void Engine::cancel(RequestId id) {
   }
 }
 
-void Engine::record(double us, const StepResult& r, std::int64_t delivered) {
+void Engine::count_step(const StepPlan& plan, const StepResult& r) {
   ++stats_.steps;
   (r.path == StepPath::kGraph ? stats_.graph_steps : stats_.eager_steps) += 1;
-  if (plan_.kind == StepKind::kDecode) {
-    ++stats_.decode_steps;
+  (plan.ahead ? stats_.pipelined_steps : stats_.sync_steps) += 1;
+  if (plan.kind == StepKind::kDecode) ++stats_.decode_steps;
+}
+
+void Engine::record(double us, const StepPlan& plan, const StepResult& r, std::int64_t delivered) {
+  count_step(plan, r);
+  if (plan.kind == StepKind::kDecode) {
     decode_us_[decode_next_++ % kLatencyWindow] = us;
     if (speculative()) {
       ++stats_.spec_steps;
@@ -267,7 +332,7 @@ void Engine::record(double us, const StepResult& r, std::int64_t delivered) {
     }
   } else {
     ++stats_.prefill_steps;
-    for (const PlannedRequest& p : plan_.requests) stats_.prompt_tokens += p.extend_len;
+    for (const PlannedRequest& p : plan.requests) stats_.prompt_tokens += p.extend_len;
   }
   stats_.generated_tokens += delivered;
   for (const TokenEvent& e : events_) stats_.finished += e.finished ? 1 : 0;

@@ -73,7 +73,17 @@ struct EngineConfig {
   std::int32_t max_encoder_len = 0;
   std::int32_t cross_pages = 0;
   std::int32_t page_size = 16;
-  bool use_graphs = true;      // decode steps by graph replay (false: eager, same kernels)
+  bool use_graphs = true;  // decode steps by graph replay (false: eager, same kernels)
+  // Pipelined decode (docs/serving_loop.md "Pipelined steps"): while the device runs decode step
+  // t, step() plans step t + 1, writes its image and enqueues its copy and launch, and only then
+  // waits for step t's tokens. A request that ends at step t by a stop token or a cancel has one
+  // more token computed at t + 1, which is discarded, never delivered. Falls back to the
+  // synchronous step for prefill chunks, speculative steps, and whenever the next plan depends on
+  // this step's outcome (a waiting request that could be admitted now). Tokens, events and the
+  // ledger's books between steps are those of the synchronous engine, except that requests of the
+  // step in flight (pending_plan()) hold one more KV row. Off by default until its GPU tests
+  // (test_engine_pipeline_gpu, the pipelined soak) have run on a device.
+  bool pipeline = false;
   bool deterministic = false;  // batch-invariant attention split-KV
   // Prefix caching across requests (docs/prefix_cache.md): full pages of equal token prefixes are
   // shared, kept after their requests finish, evicted least recently used when room is needed.
@@ -94,6 +104,10 @@ using TokenCallback = std::function<void(const TokenEvent&)>;
 struct EngineStats {
   std::int64_t steps = 0, prefill_steps = 0, decode_steps = 0;
   std::int64_t graph_steps = 0, eager_steps = 0;
+  // Pipelining: steps planned and launched while the step before still ran, steps planned after
+  // the step before was delivered (synchronous), and rows computed for requests that had ended
+  // in the step before (their tokens discarded).
+  std::int64_t pipelined_steps = 0, sync_steps = 0, discarded_rows = 0;
   std::int64_t prompt_tokens = 0;     // prefilled
   std::int64_t generated_tokens = 0;  // sampled and delivered
   std::int64_t finished = 0;          // including cancelled
@@ -153,14 +167,18 @@ class Engine {
   // ("request") for an id that is unknown or already finished, changing nothing; a request whose
   // last token came out of the current step is finished (its final event is still delivered).
   void cancel(RequestId id);
-  // Runs one step. Returns false when there was nothing to do. A failure inside the step (a CUDA
+  // Runs one step: delivers the tokens of one device step. With config.pipeline, the next decode
+  // step is launched before this one's tokens are waited for (it stays in flight when step()
+  // returns: pending_plan()). Returns false when there was nothing to do. A failure inside the
+  // step (a CUDA
   // error, a device-side check) throws Error naming the step ("step": its number, kind, size);
   // the engine is then failed: every later step() and submit() throws Error ("engine"), and the
   // only thing left to do is to destroy it, which releases everything without throwing.
   bool step();
   void run_until_idle();
 
-  bool idle() const noexcept { return scheduler_->idle(); }
+  // No request waiting or running, and no step in flight.
+  bool idle() const noexcept { return scheduler_->idle() && !inflight_; }
   bool failed() const noexcept { return !failure_.empty(); }
   std::int32_t waiting() const noexcept { return scheduler_->waiting(); }
   std::int32_t running() const noexcept { return scheduler_->running(); }
@@ -171,14 +189,25 @@ class Engine {
   const KvLedger& ledger() const noexcept { return runner_->ledger(); }
   bool speculative() const noexcept { return config_.speculative.max_draft_tokens > 0; }
   cudaStream_t stream() const noexcept { return stream_; }
-  // The last step's plan: its kind and request ids in the order of the model's logits rows (the
-  // Python binding's logits view reads it). Its token spans are stale once step() returned.
-  const StepPlan& last_plan() const noexcept { return plan_; }
+  // The plan of the step whose tokens step() delivered last: its kind and request ids in the
+  // order of the model's logits rows (the Python binding's logits view reads it; with pipelining
+  // the logits buffer already belongs to the step in flight). Its token spans are stale once
+  // step() returned.
+  const StepPlan& last_plan() const noexcept { return plans_[done_]; }
+  // The plan of the step launched and not yet delivered (pipelining), or nullptr. Its requests
+  // hold one KV row more in the ledger than their delivered tokens account for.
+  const StepPlan* pending_plan() const noexcept { return inflight_ ? &plans_[done_ ^ 1] : nullptr; }
 
  private:
   void require_healthy() const;
-  void record(double us, const StepResult& result, std::int64_t delivered);
+  void record(double us, const StepPlan& plan, const StepResult& result, std::int64_t delivered);
+  void count_step(const StepPlan& plan, const StepResult& result);
   void deliver(const TokenEvent& e);
+  // The failure of the step being delivered (`plan`): marks the engine failed, returns the Error.
+  Error step_failure(const StepPlan& plan, const std::exception& e);
+  // Collects the step in flight whose rows all belong to requests that ended (no running
+  // request left): its tokens are discarded.
+  void drain();
 
   EngineConfig config_;
   Stream stream_;
@@ -186,8 +215,11 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<RequestId, TokenCallback> callbacks_;
 
-  // Per-step host staging, sized at start-up.
-  StepPlan plan_;
+  // Per-step host staging, sized at start-up. Two plans: the step being delivered (done_) and,
+  // pipelined, the one in flight after it (done_ ^ 1).
+  std::array<StepPlan, 2> plans_;
+  int done_ = 0;
+  bool inflight_ = false;  // plans_[done_ ^ 1] is launched and not collected
   StepResult result_;
   std::vector<TokenEvent> events_;
   bool in_callbacks_ = false;              // step() is delivering events_

@@ -123,6 +123,7 @@ void Scheduler::next_step(StepPlan& plan) {
   plan.kind = StepKind::kDecode;
   plan.requests.clear();
   plan.admitted.clear();
+  plan.ahead = false;
   // Admission: FIFO, so a large request at the head is not starved by small ones behind it.
   while (!queue_.empty() && running() < config_.max_batch) {
     Request& r = requests_.at(queue_.front());
@@ -173,6 +174,38 @@ void Scheduler::next_step(StepPlan& plan) {
         std::span<const std::int32_t>(r.tokens).subspan(static_cast<std::size_t>(r.cached), 1),
         true, r.spec.encoder.length});
   }
+}
+
+bool Scheduler::next_step_ahead(const StepPlan& inflight, StepPlan& plan) {
+  plan.kind = StepKind::kDecode;
+  plan.requests.clear();
+  plan.admitted.clear();
+  plan.ahead = true;
+  if (inflight.kind != StepKind::kDecode || running_.empty()) return false;
+  // A waiting request that could be admitted now: the plan after the in-flight step admits it
+  // (and prefills), synchronously. One that cannot be admitted waits either way.
+  if (!queue_.empty() && running() < config_.max_batch &&
+      ledger_.can_admit(reservation(requests_.at(queue_.front()).spec)))
+    return false;
+  // The in-flight plan lists its requests in running_ order (rows of requests ended since are
+  // left over in it): walk both at once.
+  std::size_t at = 0;
+  for (const RequestId id : running_) {
+    while (at < inflight.requests.size() && inflight.requests[at].id != id) ++at;
+    if (at == inflight.requests.size()) {  // running but not in flight: cannot plan ahead
+      plan.requests.clear();
+      return false;
+    }
+    const PlannedRequest& p = inflight.requests[at++];
+    const Request& r = requests_.at(id);
+    GD_REQUIRE(p.prefix_len == r.cached && p.extend_len == 1 && p.samples, "inflight request", id,
+               "the in-flight decode row does not match the request's state");
+    // The in-flight step's token is this request's last when it reaches max_new_tokens.
+    if (r.generated + 1 >= r.spec.max_new_tokens) continue;
+    plan.requests.push_back(
+        PlannedRequest{id, r.slot, r.cached + 1, 1, {}, true, r.spec.encoder.length});
+  }
+  return !plan.requests.empty();
 }
 
 std::span<const PageKey> Scheduler::prefix_lookup(const Request& r) const {
@@ -240,7 +273,8 @@ void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t>
   std::size_t total = 0;
   for (std::size_t i = 0; i < plan.requests.size(); ++i) {
     const PlannedRequest& p = plan.requests[i];
-    GD_REQUIRE(requests_.count(p.id) == 1, "request", p.id, "is not running");
+    // A plan made ahead may hold rows of requests that ended in the step before it.
+    GD_REQUIRE(plan.ahead || requests_.count(p.id) == 1, "request", p.id, "is not running");
     GD_REQUIRE(!p.samples || counts[i] >= 1, "counts[" + std::to_string(i) + "]", counts[i],
                "a sampling row commits at least one token");
     GD_REQUIRE(p.samples || counts[i] >= 0, "counts[" + std::to_string(i) + "]", counts[i],
@@ -258,7 +292,11 @@ void Scheduler::on_step_done(const StepPlan& plan, std::span<const std::int32_t>
     const auto n = static_cast<std::size_t>(counts[i]);
     const std::span<const std::int32_t> mine = tokens.subspan(at, n);
     at += n;
-    Request& r = requests_.at(p.id);
+    const auto it = requests_.find(p.id);
+    if (it == requests_.end()) continue;  // ended since an ahead plan: its tokens are discarded
+    Request& r = it->second;
+    GD_REQUIRE(!plan.ahead || p.prefix_len == r.cached, "request", p.id,
+               "a row planned ahead does not follow the request's cached tokens");
     if (!p.samples) {
       r.cached += p.extend_len;
       publish_pages(r);

@@ -109,10 +109,12 @@ enum class StepKind : std::uint8_t { kExtend = 0, kDecode = 1 };
 
 struct PlannedRequest {
   RequestId id = 0;
-  std::int32_t slot = 0;                 // the request's slot in every pool of the ledger
-  std::int32_t prefix_len = 0;           // tokens already in the KV cache
-  std::int32_t extend_len = 0;           // tokens this step adds
-  std::span<const std::int32_t> tokens;  // the extend_len token ids of this step
+  std::int32_t slot = 0;        // the request's slot in every pool of the ledger
+  std::int32_t prefix_len = 0;  // tokens already in the KV cache
+  std::int32_t extend_len = 0;  // tokens this step adds
+  // The extend_len token ids of this step; empty in a plan made ahead (StepPlan::ahead), whose
+  // decode rows take their input token from the device.
+  std::span<const std::int32_t> tokens;
   bool samples = false;  // the step's last token is a sampling position (prompt done / decode)
   std::int32_t encoder_len = 0;  // the request's encoder keys in the cross pools (0 = none)
 };
@@ -121,6 +123,9 @@ struct StepPlan {
   StepKind kind = StepKind::kDecode;
   std::vector<PlannedRequest> requests;  // empty: nothing to run
   std::vector<RequestId> admitted;       // admitted by this call (slots reserved in the ledger)
+  // Planned by next_step_ahead(), before the previous step's tokens were known: a row whose
+  // request ended in that step (stop token, cancel) computes a token that is discarded.
+  bool ahead = false;
   bool empty() const { return requests.empty(); }
 };
 
@@ -154,9 +159,23 @@ class Scheduler {
   // The same into `plan` (cleared first), reusing its storage.
   void next_step(StepPlan& plan);
 
+  // Pipelining (docs/serving_loop.md): plans the decode step after `inflight`, a decode step
+  // already launched whose tokens are not known yet, as if every row of it committed one token.
+  // Rows: every running request of `inflight` except those that finish there by max_new_tokens
+  // (known in advance); prefix_len one past the in-flight row; tokens empty (the input token is
+  // on the device). A row whose request then ends in `inflight` by a stop token or a cancel is
+  // skipped by on_step_done: its token is discarded, never delivered; its KV row lies inside the
+  // request's reservation and goes back with its pages. Returns false, leaving `plan` empty, when
+  // the next step depends on the in-flight step's outcome or is not a plain decode step: the
+  // in-flight step is not a decode step, a waiting request could be admitted now (admission
+  // waits for the synchronous plan after it, which prefills), a running request is not in
+  // `inflight`, or no row is left. Admits nothing; changes nothing in the ledger.
+  bool next_step_ahead(const StepPlan& inflight, StepPlan& plan);
+
   // `sampled[i]` is the token sampled for plan.requests[i] (ignored where samples is false).
   // Returns one event per emitted token; finished requests release their slot and pages in the
-  // ledger.
+  // ledger. In a plan made ahead, rows of requests that ended since (stop token or cancel in the
+  // step before) are skipped: their tokens are discarded.
   std::vector<TokenEvent> on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled);
   // The same into `events` (cleared first), reusing its storage.
   void on_step_done(const StepPlan& plan, std::span<const std::int32_t> sampled,

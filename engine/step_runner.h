@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/llama_model.h"
 #include "engine/scheduler.h"
 #include "graphs/step_graphs.h"
@@ -35,6 +36,14 @@ class StepRunner {
   // Extends the planned requests in the ledger, writes and runs the step, reads back the
   // committed tokens into `out`. Throws Error on a device-side error flag.
   virtual void run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) = 0;
+  // Pipelined steps (docs/serving_loop.md), for runners whose pipelines() is true: launch()
+  // extends the ledger, writes the image and enqueues its copy, the step and the read-back of its
+  // tokens, without waiting; collect() waits for the oldest launched step and reads its tokens
+  // into `out`. At most two steps are launched and not collected (double-buffered staging);
+  // run() == launch() then collect(). collect() throws Error on a device-side error flag.
+  virtual bool pipelines() const { return false; }
+  virtual void launch(const StepPlan& plan, const Scheduler& scheduler);
+  virtual void collect(const StepPlan& plan, StepResult& out);
   // After the scheduler took the result (finished requests are released from the ledger):
   // forget per-request state of the requests that finished.
   virtual void retire(std::span<const TokenEvent> events) { static_cast<void>(events); }
@@ -45,5 +54,16 @@ class StepRunner {
   virtual const StepGraphs& graphs() const = 0;
   virtual const LlamaModel& model() const = 0;  // the target
 };
+
+inline void StepRunner::launch(const StepPlan& plan, const Scheduler& scheduler) {
+  static_cast<void>(plan);
+  static_cast<void>(scheduler);
+  GD_REQUIRE(false, "pipeline", "on", "this step runner does not pipeline steps");
+}
+inline void StepRunner::collect(const StepPlan& plan, StepResult& out) {
+  static_cast<void>(plan);
+  static_cast<void>(out);
+  GD_REQUIRE(false, "pipeline", "on", "this step runner does not pipeline steps");
+}
 
 }  // namespace graphdecode

@@ -176,6 +176,13 @@ std::optional<std::int32_t> KvLedger::try_admit(const KvReservation& r) {
   return slot;
 }
 
+bool KvLedger::can_admit(const KvReservation& r) const {
+  if (slots_[0]->active_slots() >= pools_[0].geometry.max_slots - 1) return false;
+  for (std::int32_t i = 0; i < num_pools(); ++i)
+    if (pages_needed(i, r) > usable_pages(i) - reserved_[i]) return false;
+  return true;
+}
+
 std::int32_t KvLedger::acquire() {
   // The pools' slot books are created together and always acquired and released together, so
   // they hand out the same id; checked anyway.

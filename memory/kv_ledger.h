@@ -74,6 +74,8 @@ class KvLedger {
   // A slot with `r` reserved in every pool, or nothing when a pool lacks unreserved pages or no
   // slot is free. Changes nothing when it returns nothing.
   std::optional<std::int32_t> try_admit(const KvReservation& r);
+  // Would try_admit(r) admit now? (A slot free and every pool with enough unreserved pages.)
+  bool can_admit(const KvReservation& r) const;
   // A slot with no reservation. Error "max_slots" when none is free.
   std::int32_t acquire();
 
