@@ -98,11 +98,12 @@ void DecodeRunner::launch(const StepPlan& plan, const Scheduler& scheduler) {
   d.token_ids = token_ids_;
   d.aux = aux_;
   step_->attach_commands(d);
-  path_[static_cast<std::size_t>(launched_ % 2)] = graphs_->step(d, stream_);
+  const auto b = static_cast<std::size_t>(launched_ % 2);
+  started_[b].record(stream_);
+  path_[b] = graphs_->step(d, stream_);
   ledger.clear_commands();
   // The read-back of this step's tokens, ordered after it on the stream (a later step rewrites
   // the device buffer only after this copy).
-  const auto b = static_cast<std::size_t>(launched_ % 2);
   const auto rows = static_cast<std::size_t>(program_->max_rows());
   GD_CUDA(cudaMemcpyAsync(published_[b].data(), program_->published(),
                           (rows + 1) * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
@@ -124,6 +125,8 @@ void DecodeRunner::collect(const StepPlan& plan, StepResult& out) {
   GD_REQUIRE(bad == 0, "bad_token_flag", bad,
              "the embedding saw a token id outside the vocabulary (internal error)");
   out.path = path_[b];
+  GD_CUDA(cudaEventElapsedTime(&out.device_us, started_[b].get(), copied_[b].get()));
+  out.device_us *= 1000.f;
   out.drafts = 0;
   out.counts.assign(plan.requests.size(), 1);
   out.tokens.assign(published, published + plan.requests.size());

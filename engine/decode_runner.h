@@ -53,7 +53,9 @@ class DecodeRunner : public StepRunner {
   std::vector<std::int32_t> token_ids_, aux_;
   // Token read-back, one per step in flight: [max_logit_rows + 1] each, and its copy's event.
   std::array<PinnedBuffer<std::int32_t>, 2> published_;
-  std::array<Event, 2> copied_{Event(cudaEventDisableTiming), Event(cudaEventDisableTiming)};
+  // Timing events: before the image copy, after the read-back (the collect() wait's event).
+  std::array<Event, 2> started_{Event(0), Event(0)};
+  std::array<Event, 2> copied_{Event(0), Event(0)};
   std::array<StepPath, 2> path_{};
   std::int64_t launched_ = 0, collected_ = 0;  // steps launched / collected; buffer = count % 2
 };

@@ -134,6 +134,7 @@ Engine::Engine(const HostWeights& weights, const EngineConfig& config, const Hos
   stats_.drafted_at.assign(k, 0);
   stats_.accepted_at.assign(k, 0);
   decode_us_.assign(kLatencyWindow, 0.0);
+  device_us_.assign(kLatencyWindow, 0.0);
   stream_.synchronize();  // start-up: weights, pools and graphs are in place
 }
 
@@ -316,6 +317,7 @@ void Engine::count_step(const StepPlan& plan, const StepResult& r) {
 void Engine::record(double us, const StepPlan& plan, const StepResult& r, std::int64_t delivered) {
   count_step(plan, r);
   if (plan.kind == StepKind::kDecode) {
+    device_us_[decode_next_ % kLatencyWindow] = r.device_us;
     decode_us_[decode_next_++ % kLatencyWindow] = us;
     if (speculative()) {
       ++stats_.spec_steps;
@@ -352,6 +354,11 @@ EngineStats Engine::stats() const {
   s.decode_p50_us = percentile(window, 0.50);
   s.decode_p90_us = percentile(window, 0.90);
   s.decode_p99_us = percentile(window, 0.99);
+  const std::vector<double> device(device_us_.begin(),
+                                   device_us_.begin() + static_cast<std::ptrdiff_t>(n));
+  s.device_p50_us = percentile(device, 0.50);
+  s.device_p90_us = percentile(device, 0.90);
+  s.device_p99_us = percentile(device, 0.99);
   const PrefixCacheCounters& pc = scheduler_->prefix_counters();
   s.prefix_lookup_tokens = pc.lookup_tokens;
   s.prefix_hit_tokens = pc.hit_tokens;

@@ -137,6 +137,10 @@ struct EngineStats {
   // Wall time of decode steps (host write + copy + launch + device + token read), microseconds,
   // over the last kLatencyWindow decode steps.
   double decode_p50_us = 0, decode_p90_us = 0, decode_p99_us = 0;
+  // Device time of the same decode steps (timing events from before the image copy to the
+  // tokens' read-back; plain decoding only, else 0), microseconds. Pipelined, step() returns
+  // once per device step, so decode_p50_us against device_p50_us shows what the host adds.
+  double device_p50_us = 0, device_p90_us = 0, device_p99_us = 0;
   double tokens_per_s() const { return busy_s > 0 ? generated_tokens / busy_s : 0.0; }
 };
 
@@ -228,6 +232,7 @@ class Engine {
   std::string failure_;  // what failed the engine (empty: healthy)
   EngineStats stats_;
   std::vector<double> decode_us_;  // ring of kLatencyWindow
+  std::vector<double> device_us_;  // ring of kLatencyWindow, beside decode_us_
   std::size_t decode_next_ = 0;
 };
 

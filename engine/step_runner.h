@@ -28,6 +28,10 @@ struct StepResult {
   // Device microseconds of a speculative step's phases (engine/spec/spec_step.h SpecPhase);
   // all 0 for other steps.
   std::array<float, 4> phase_us{};
+  // Device microseconds of the step, from before its image copy to its tokens' read-back
+  // (timing events; runners that time it: DecodeRunner), else 0. Pipelined, a step's copy
+  // starts when the step before ends, so this is the device's time per step.
+  float device_us = 0;
 };
 
 class StepRunner {

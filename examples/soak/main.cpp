@@ -4,6 +4,7 @@
 //   soak --seed 1 --requests 100000                 # plain decoding
 //   soak --seed 2 --requests 20000 --speculative 4  # the target as its own draft
 //   soak --seed 3 --requests 20000 --speculative 4 --ngram
+//   soak --seed 4 --requests 100000 --pipeline      # pipelined decode steps
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +19,7 @@ namespace {
 void usage() {
   std::printf(
       "usage: soak [--seed S] [--requests N] [--max-batch B] [--max-context C] [--kv-pages P]\n"
-      "            [--speculative K [--ngram | --eagle]] [--eager]\n"
+      "            [--speculative K [--ngram | --eagle]] [--eager] [--pipeline]\n"
       "  --seed S         RNG seed of the request stream and the weights (default 1)\n"
       "  --requests N     requests submitted, bad ones included (default 10000)\n"
       "  --max-batch B    requests running at once (default 16)\n"
@@ -28,6 +29,7 @@ void usage() {
       "  --ngram          with --speculative: prompt lookup instead of the draft model\n"
       "  --eagle          with --speculative: a synthetic EAGLE head instead of the draft model\n"
       "  --eager          no CUDA graphs\n"
+      "  --pipeline       pipelined decode steps (EngineConfig::pipeline)\n"
       "Exit status: 0 with no accounting error, 1 on any, 2 on a usage error or no GPU.\n");
 }
 
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
       c.eagle = true;
     } else if (a == "--eager") {
       c.use_graphs = false;
+    } else if (a == "--pipeline") {
+      c.pipeline = true;
     } else {
       usage();
       return 2;
@@ -74,13 +78,13 @@ int main(int argc, char** argv) {
   try {
     const graphdecode::soak::SoakReport r = graphdecode::soak::run_soak(c);
     for (const std::string& e : r.first_errors) std::printf("ERROR %s\n", e.c_str());
-    std::printf("soak: seed %llu, batch %d, context %d, k %d%s: %s\n",
+    std::printf("soak: seed %llu, batch %d, context %d, k %d%s%s: %s\n",
                 static_cast<unsigned long long>(c.seed), c.max_batch, c.max_context,
                 c.max_draft_tokens,
                 c.ngram   ? " (prompt lookup)"
                 : c.eagle ? " (EAGLE head)"
                           : "",
-                r.summary().c_str());
+                c.pipeline ? ", pipelined" : "", r.summary().c_str());
     return r.errors == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "soak: %s\n", e.what());

@@ -70,7 +70,8 @@ class Soak {
   std::vector<RequestId> raced_;             // cancel refused in a callback this step
   // Shared system prompts (lengths around page boundaries) that prefix-cache hits come from.
   std::vector<std::vector<std::int32_t>> system_prompts_;
-  std::vector<std::vector<char>> seen_;  // [pool][page] scratch of the distinct-page count
+  std::vector<std::vector<char>> seen_;    // [pool][page] scratch of the distinct-page count
+  std::unordered_set<RequestId> pending_;  // live requests with a row in the step in flight
   int bad_next_ = 0;
   bool in_step_ = false;
 };
@@ -302,6 +303,27 @@ void Soak::check_ledger() {
   std::int64_t reserve_full = 0;
   std::vector<std::int64_t> reserve(static_cast<std::size_t>(ledger.num_pools()), 0);
   std::vector<std::int64_t> held(static_cast<std::size_t>(ledger.num_pools()), 0);
+  // Pipelining: the step in flight holds one more KV row of each of its live requests. Its rows
+  // must follow what was delivered exactly and never run past a request's length.
+  pending_.clear();
+  if (const StepPlan* pend = engine_->pending_plan()) {
+    if (!c_.pipeline) fail("a step in flight without pipelining");
+    if (!pend->ahead || pend->kind != StepKind::kDecode || !pend->admitted.empty())
+      fail("the step in flight is not a decode step planned ahead");
+    for (const PlannedRequest& p : pend->requests) {
+      const auto it = live_.find(p.id);
+      if (it == live_.end()) continue;  // ended in the step delivered: its row is discarded
+      const Live& l = it->second;
+      ++rep_.pending_rows_checked;
+      if (p.extend_len != 1 || p.prefix_len != l.prompt_len + l.delivered - 1 || l.delivered < 1 ||
+          l.delivered >= l.max_new || p.slot != l.slot)
+        fail("request " + std::to_string(p.id) + ": the row in flight (prefix " +
+             std::to_string(p.prefix_len) + ", slot " + std::to_string(p.slot) +
+             ") does not follow its " + std::to_string(l.delivered) + " of " +
+             std::to_string(l.max_new) + " delivered tokens");
+      pending_.insert(p.id);
+    }
+  }
   for (const auto& [id, l] : live_) {
     if (!l.admitted) continue;
     ++admitted;
@@ -314,12 +336,12 @@ void Soak::check_ledger() {
     for (std::int32_t p = 0; p < ledger.num_pools(); ++p)
       held[static_cast<std::size_t>(p)] += ledger.pages_held(p, l.slot);
     if (l.delivered == 0) continue;  // in prefill: its extent is the plan's, not the user's
-    const std::int32_t extent = l.prompt_len + l.delivered - 1;
+    const std::int32_t extent = l.prompt_len + l.delivered - 1 + (pending_.count(id) ? 1 : 0);
     ++rep_.page_checks;
     if (ledger.tokens(l.slot, 0) != extent) {
       fail("request " + std::to_string(id) + ": the target's KV extent " +
            std::to_string(ledger.tokens(l.slot, 0)) +
-           " != prompt + delivered - 1 = " + std::to_string(extent));
+           " != prompt + delivered - 1 (+ 1 in flight) = " + std::to_string(extent));
     }
     if (ledger.pages_held(0, l.slot) != pages_for_tokens(extent, page)) {
       fail("request " + std::to_string(id) + ": " + std::to_string(ledger.pages_held(0, l.slot)) +
@@ -408,6 +430,14 @@ void Soak::final_checks() {
          " != host counts");
   if (ended + rep_.refused != rep_.submitted) fail("requests neither ended nor refused");
   rep_.prefix_hit_tokens = s.prefix_hit_tokens;
+  rep_.pipelined_steps = s.pipelined_steps;
+  rep_.discarded_rows = s.discarded_rows;
+  if (engine_->pending_plan() != nullptr) fail("a step still in flight at the end");
+  if (!c_.pipeline && (s.pipelined_steps != 0 || s.discarded_rows != 0))
+    fail("pipelined steps without pipelining");
+  if (s.pipelined_steps + s.sync_steps != s.steps)
+    fail("stats: pipelined " + std::to_string(s.pipelined_steps) + " + synchronous " +
+         std::to_string(s.sync_steps) + " != steps " + std::to_string(s.steps));
 }
 
 SoakReport Soak::run() {
@@ -419,6 +449,7 @@ SoakReport Soak::run() {
   ec.max_context = c_.max_context;
   ec.max_step_tokens = c_.max_step_tokens;
   ec.use_graphs = c_.use_graphs;
+  ec.pipeline = c_.pipeline;
   ec.kv_pages = c_.kv_pages > 0
                     ? c_.kv_pages
                     : std::max(1, c_.max_batch / 3) *
@@ -491,8 +522,9 @@ std::string SoakReport::summary() const {
     << cancelled_from_callbacks << " from callbacks), refused " << refused
     << "; cancel of ended ids refused " << cancel_refusals << "; steps " << steps << " ("
     << waiting_steps << " with requests waiting), tokens " << tokens << ", page checks "
-    << page_checks << ", prefix-cache hit tokens " << prefix_hit_tokens << "; errors " << errors
-    << "; " << seconds << " s";
+    << page_checks << ", prefix-cache hit tokens " << prefix_hit_tokens << ", pipelined steps "
+    << pipelined_steps << " (rows discarded " << discarded_rows << ", rows in flight checked "
+    << pending_rows_checked << "); errors " << errors << "; " << seconds << " s";
   return s.str();
 }
 

@@ -46,12 +46,15 @@ RequestSpec request(std::int32_t len, std::int32_t first, std::int32_t new_token
 }
 
 // Runs in the death test's child: any failed expectation exits with 3 and says which.
-[[noreturn]] void fault_inside_a_step() {
+[[noreturn]] void fault_inside_a_step(bool pipeline) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 11);
   EngineConfig ec;
   ec.max_batch = 4;
   ec.max_context = 64;
+  // Pipelined, the fault may surface at step 2's launch, at the launch of step 3 (planned ahead)
+  // or at step 2's wait: each names step 2, the step being delivered.
+  ec.pipeline = pipeline;
   std::string step_field, step_value, engine_field, submit_field;
   {
     Engine engine(w, ec);
@@ -91,7 +94,15 @@ TEST_F(EngineFaults, CudaErrorInsideAStepFailsTheEngineByName) {
   if (testing::sanitize_mode()) GTEST_SKIP() << "a deliberate illegal address";
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts CUDA afresh
   EXPECT_EXIT(
-      fault_inside_a_step(), ::testing::ExitedWithCode(0),
+      fault_inside_a_step(false), ::testing::ExitedWithCode(0),
+      "FAULT-HANDLED step=step engine=engine submit=engine at \\[2 \\(decode, 3 requests\\)\\]");
+}
+
+TEST_F(EngineFaults, CudaErrorInsideAPipelinedStepFailsTheEngineByName) {
+  if (testing::sanitize_mode()) GTEST_SKIP() << "a deliberate illegal address";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      fault_inside_a_step(true), ::testing::ExitedWithCode(0),
       "FAULT-HANDLED step=step engine=engine submit=engine at \\[2 \\(decode, 3 requests\\)\\]");
 }
 

@@ -1,7 +1,8 @@
 // The short soak (examples/soak runs the long one): a seeded random request stream with bad
 // requests, cancellations from outside and from callbacks and a pool that forces waiting, every
 // step checked against the exact host model of examples/soak/soak.h; plain decoding, speculative
-// decoding with a draft model and with prompt lookup, and the eager path.
+// decoding with a draft model and with prompt lookup, the eager path, and pipelined decode steps
+// (EngineConfig::pipeline: the host model then counts the row of the step in flight).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -20,6 +21,7 @@ struct SoakCase {
   std::int32_t k;
   bool ngram, graphs;
   bool eagle = false;
+  bool pipeline = false;
 };
 
 class SoakGpu : public testing::GpuTest, public ::testing::WithParamInterface<SoakCase> {};
@@ -33,6 +35,7 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   c.ngram = p.ngram;
   c.eagle = p.eagle;
   c.use_graphs = p.graphs;
+  c.pipeline = p.pipeline;
   const soak::SoakReport r = soak::run_soak(c);
   std::printf("[ soak %s ] seed %llu: %s\n", p.name, static_cast<unsigned long long>(c.seed),
               r.summary().c_str());
@@ -48,15 +51,29 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   EXPECT_GT(r.waiting_steps, 0);
   // The shared system prompts hit the prefix cache (prompt lookup serves without it).
   if (!p.ngram) EXPECT_GT(r.prefix_hit_tokens, 0);
+  // Pipelining happened, stop tokens and cancels were seen one step late, and the rows in flight
+  // were checked against the host model. Speculative steps never pipeline (they need the accepted
+  // counts): the switch is a no-op there.
+  if (p.pipeline && p.k == 0) {
+    EXPECT_GT(r.pipelined_steps, 0);
+    EXPECT_GT(r.discarded_rows, 0);
+    EXPECT_GT(r.pending_rows_checked, 0);
+  } else {
+    EXPECT_EQ(r.pipelined_steps, 0);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Streams, SoakGpu,
-                         ::testing::Values(SoakCase{"plain", 2000, 0, false, true},
-                                           SoakCase{"draft_model", 600, 4, false, true},
-                                           SoakCase{"prompt_lookup", 600, 3, true, true},
-                                           SoakCase{"eager", 400, 0, false, false},
-                                           SoakCase{"eagle_head", 600, 3, false, true, true}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Streams, SoakGpu,
+    ::testing::Values(SoakCase{"plain", 2000, 0, false, true},
+                      SoakCase{"draft_model", 600, 4, false, true},
+                      SoakCase{"prompt_lookup", 600, 3, true, true},
+                      SoakCase{"eager", 400, 0, false, false},
+                      SoakCase{"eagle_head", 600, 3, false, true, true},
+                      SoakCase{"pipelined", 2000, 0, false, true, false, true},
+                      SoakCase{"pipelined_eager", 400, 0, false, false, false, true},
+                      SoakCase{"pipelined_speculative", 300, 3, false, true, false, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace graphdecode
