@@ -13,6 +13,12 @@
 // device sampling; with a draft model a whole speculative step: draft, verify, accept), ONE D2H
 // copy of the committed tokens -> Scheduler::on_step_done (stop tokens, max_new_tokens token by
 // token; finished requests' slots and pages released in the ledger) -> callbacks.
+// With EngineConfig::pipeline, decode step t + 1 is planned, written and launched before the
+// wait for step t (docs/serving_loop.md "Pipelined steps"): stop tokens and cancels are then
+// seen one step late, and the extra token of a request that ended is discarded. The rule: only
+// a plain decode step following a plain decode step is planned ahead; prefill chunks,
+// speculative steps, and plans that could admit a waiting request (they depend on the pages
+// step t frees) are synchronous.
 //
 // Speculative decoding (engine/spec/): set speculative.max_draft_tokens and pass a draft model of
 // the target's vocabulary (or choose prompt lookup, SpecProposer::kNgram, or pass an EAGLE head

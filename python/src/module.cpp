@@ -173,6 +173,9 @@ class PyEngine {
                engine_->config().speculative.max_draft_tokens,
                "the logits view is for plain decoding (a speculative step's rows are verify "
                "positions)");
+    GD_REQUIRE(!engine_->config().pipeline, "pipeline", "on",
+               "the logits buffer already belongs to the step in flight: turn pipelining off "
+               "for the logits view");
     const std::size_t rows = engine_->last_plan().requests.size();
     const auto vocab = static_cast<std::size_t>(engine_->model().config().vocab_size);
     auto* data = const_cast<float*>(engine_->model().logits());

@@ -215,10 +215,11 @@ TEST_P(EnginePipelineBatch, BatchStreamsEqualTheSynchronousEngine) {
     sync += b.stats.sync_steps;
     discarded += b.stats.discarded_rows;
   }
-  std::printf("[ pipeline ] %lld steps pipelined, %lld synchronous, %lld rows discarded; %d of %d "
-              "streams differ from the synchronous engine\n",
-              static_cast<long long>(pipelined), static_cast<long long>(sync),
-              static_cast<long long>(discarded), differ, total);
+  std::printf(
+      "[ pipeline ] %lld steps pipelined, %lld synchronous, %lld rows discarded; %d of %d "
+      "streams differ from the synchronous engine\n",
+      static_cast<long long>(pipelined), static_cast<long long>(sync),
+      static_cast<long long>(discarded), differ, total);
   EXPECT_LE(differ, 1) << "divergences beyond a rare near-tie";
   EXPECT_GT(pipelined, 0);
   EXPECT_GT(discarded, 0);
