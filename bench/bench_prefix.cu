@@ -108,6 +108,8 @@ Result serve(const HostWeights& w, const Options& o, bool cache,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe, so a run cut short by `timeout` still shows its finished rows.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Options o;
   std::string json;
   for (int i = 1; i < argc; ++i) {

@@ -126,6 +126,8 @@ std::vector<std::vector<std::int32_t>> task_prompts(std::int32_t n, std::int32_t
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe, so a run cut short by `timeout` still shows its finished rows.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string target_dir, draft_dir, eagle_dir, json;
   std::vector<std::int32_t> batches = {1, 8, 32, 64}, ks = {1, 2, 3, 4, 5};
   std::int32_t new_tokens = 128, prompt_len = 64, draft_layers = 2;

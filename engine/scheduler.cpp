@@ -132,11 +132,15 @@ void Scheduler::next_step(StepPlan& plan) {
         ledger_.match_prefix(prefix_lookup(r), true) <
             ledger_.match_prefix(prefix_lookup(r), false))
       break;
-    const std::optional<std::int32_t> slot = ledger_.try_admit(reservation(r.spec));
+    // The hit is part of the admission check: pages it shares are counted once.
+    const std::span<const PageKey> lookup =
+        r.shares ? prefix_lookup(r) : std::span<const PageKey>();
+    const std::int32_t hit = r.shares ? ledger_.match_prefix(lookup) : 0;
+    const std::optional<std::int32_t> slot = ledger_.try_admit(reservation(r.spec), lookup, hit);
     if (!slot) break;
     r.slot = *slot;
     r.admitted = true;
-    if (r.shares) match_prefix(r);
+    if (r.shares) count_prefix_hit(r, hit);
     running_.push_back(queue_.front());
     plan.admitted.push_back(queue_.front());
     queue_.pop_front();
@@ -184,9 +188,14 @@ bool Scheduler::next_step_ahead(const StepPlan& inflight, StepPlan& plan) {
   if (inflight.kind != StepKind::kDecode || running_.empty()) return false;
   // A waiting request that could be admitted now: the plan after the in-flight step admits it
   // (and prefills), synchronously. One that cannot be admitted waits either way.
-  if (!queue_.empty() && running() < config_.max_batch &&
-      ledger_.can_admit(reservation(requests_.at(queue_.front()).spec)))
-    return false;
+  if (!queue_.empty() && running() < config_.max_batch) {
+    const Request& head = requests_.at(queue_.front());
+    const std::span<const PageKey> lookup =
+        head.shares ? prefix_lookup(head) : std::span<const PageKey>();
+    if (ledger_.can_admit(reservation(head.spec), lookup,
+                          head.shares ? ledger_.match_prefix(lookup) : 0))
+      return false;
+  }
   // The in-flight plan lists its requests in running_ order (rows of requests ended since are
   // left over in it): walk both at once.
   std::size_t at = 0;
@@ -215,15 +224,11 @@ std::span<const PageKey> Scheduler::prefix_lookup(const Request& r) const {
   return {r.keys.data(), static_cast<std::size_t>((prompt_len - 1) / P)};
 }
 
-void Scheduler::match_prefix(Request& r) {
-  const auto prompt_len = static_cast<std::int32_t>(r.spec.prompt.size());
+void Scheduler::count_prefix_hit(Request& r, std::int32_t pages) {
   const std::int32_t P = ledger_.config(0).geometry.page_size;
-  const std::span<const PageKey> lookup = prefix_lookup(r);
-  const std::int32_t n = ledger_.match_prefix(lookup);
-  ledger_.adopt_prefix(r.slot, lookup, n);  // cannot fail: matched just now, within reservation
-  r.cached = r.hit = n * P;
-  r.published = n;  // the adopted pages are already cached
-  prefix_.lookup_tokens += prompt_len;
+  r.cached = r.hit = pages * P;
+  r.published = pages;  // the adopted pages are already cached
+  prefix_.lookup_tokens += static_cast<std::int64_t>(r.spec.prompt.size());
   prefix_.hit_tokens += r.hit;
 }
 

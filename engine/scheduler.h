@@ -227,8 +227,9 @@ class Scheduler {
   KvReservation reservation(const RequestSpec& s) const;
   // The keys a prompt is matched by: its full pages but the one of its last token.
   std::span<const PageKey> prefix_lookup(const Request& r) const;
-  // Admission: starts the request on the longest cached prefix every pool can serve.
-  void match_prefix(Request& r);
+  // Admission on a hit of `pages` pages (adopted by the ledger's try_admit): the request starts
+  // there, and the stats count it.
+  void count_prefix_hit(Request& r, std::int32_t pages);
   // After a step: names the request's full, final pages in the cache.
   void publish_pages(Request& r);
   const Request& find(RequestId id) const;

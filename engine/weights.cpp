@@ -117,6 +117,28 @@ std::string checkpoint_name(const std::string& name, CheckpointNaming naming) {
   return name;
 }
 
+void require_tensor_shapes(const SafetensorsCheckpoint& ckpt, std::span<const TensorSpec> specs,
+                           const std::function<std::string(const TensorSpec&)>& stored) {
+  const auto name_of = [&](const TensorSpec& s) { return stored ? stored(s) : s.name; };
+  std::size_t missing = 0;
+  const TensorSpec* first_missing = nullptr;
+  for (const TensorSpec& s : specs) {
+    const TensorInfo* t = ckpt.find(name_of(s));
+    if (!t) {
+      if (!first_missing) first_missing = &s;
+      ++missing;
+      continue;
+    }
+    if (t->shape != s.shape)
+      throw Error("shape mismatch", ckpt.file_of(name_of(s)), name_of(s),
+                  "checkpoint " + shape_to_string(t->shape) + ", config expects " +
+                      shape_to_string(s.shape));
+  }
+  if (first_missing)
+    throw Error("missing tensor (" + std::to_string(missing) + " missing in all)", ckpt.source(),
+                name_of(*first_missing), "expected " + shape_to_string(first_missing->shape));
+}
+
 HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint& ckpt) {
   config.validate();
   const std::vector<TensorSpec> specs = expected_tensors(config);
@@ -125,23 +147,7 @@ HostWeights load_weights(const ModelConfig& config, const SafetensorsCheckpoint&
 
   // Check everything before converting anything: a mismatch should fail fast, not after
   // minutes of conversion.
-  std::size_t missing = 0;
-  const TensorSpec* first_missing = nullptr;
-  for (const TensorSpec& s : specs) {
-    const TensorInfo* t = ckpt.find(stored(s));
-    if (!t) {
-      if (!first_missing) first_missing = &s;
-      ++missing;
-      continue;
-    }
-    if (t->shape != s.shape)
-      throw Error("shape mismatch", ckpt.file_of(stored(s)), stored(s),
-                  "checkpoint " + shape_to_string(t->shape) + ", config expects " +
-                      shape_to_string(s.shape));
-  }
-  if (first_missing)
-    throw Error("missing tensor (" + std::to_string(missing) + " missing in all)", ckpt.source(),
-                stored(*first_missing), "expected " + shape_to_string(first_missing->shape));
+  require_tensor_shapes(ckpt, specs, stored);
   std::map<std::string, const TensorSpec*> by_name;
   for (const TensorSpec& s : specs) by_name[stored(s)] = &s;
   for (const std::string& name : ckpt.names())

@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,6 +70,13 @@ struct HostWeights {
 // copied). Error naming `name` in `file` for an integer or boolean tensor (not a weight).
 std::vector<std::uint16_t> tensor_to_bf16(const TensorInfo& t, const std::string& file,
                                           const std::string& name);
+
+// Every spec's tensor present in `checkpoint` with its shape, all checked before any is converted:
+// Error "shape mismatch" naming the first wrong one, or "missing tensor (N missing in all)" naming
+// the first absent one. `stored` maps a spec to its name in the checkpoint (default: the name).
+void require_tensor_shapes(const SafetensorsCheckpoint& checkpoint,
+                           std::span<const TensorSpec> specs,
+                           const std::function<std::string(const TensorSpec&)>& stored = {});
 
 // Reads `dir`/config.json and the checkpoint (model.safetensors or the sharded index). Every
 // expected tensor must be present with its shape ("missing tensor" / "shape mismatch" errors

@@ -10,6 +10,13 @@
 namespace graphdecode {
 namespace {
 
+// First logical page a step starting at `tokens` reads in pool `g` (0 for a full pool).
+std::int32_t first_needed_page(const PoolGeometry& g, std::int32_t tokens) {
+  return g.kind == AttentionKind::kSliding
+             ? swa_first_resident_page(tokens, g.window_left, g.page_size)
+             : 0;
+}
+
 std::string pool_name(std::int32_t i, const PoolGeometry& g) {
   return "pools[" + std::to_string(i) + "] (" + std::string(attention_kind_name(g.kind)) + ")";
 }
@@ -163,24 +170,80 @@ void KvLedger::require_fits(const KvReservation& r) const {
 }
 
 std::optional<std::int32_t> KvLedger::try_admit(const KvReservation& r) {
-  if (slots_[0]->active_slots() >= pools_[0].geometry.max_slots - 1) return std::nullopt;
+  return try_admit(r, {}, 0);
+}
+
+std::optional<std::int32_t> KvLedger::try_admit(const KvReservation& r,
+                                                std::span<const PageKey> keys, std::int32_t n) {
+  GD_REQUIRE(n >= 0 && (n == 0 || n <= match_prefix(keys)), "prefix_pages", n,
+             "more than the " + std::to_string(match_prefix(keys)) +
+                 " pages every pool can serve from the cache this step");
   for (std::int32_t i = 0; i < num_pools(); ++i) {
-    need_[i] = pages_needed(i, r);
-    if (need_[i] > usable_pages(i) - reserved_[i]) return std::nullopt;
+    const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
+    const PoolGeometry& g = pools_[i].geometry;
+    const std::int32_t need = pages_needed(i, r);
+    const std::int32_t adopted = c ? n - first_needed_page(g, n * g.page_size) : 0;
+    GD_REQUIRE(adopted <= need, "prefix_pages", n,
+               "more pages than the request's reservation of " + std::to_string(need) + " in " +
+                   pool_name(i, g));
+    if (adopted > 0) cmds_[i]->require_room(1, adopted);  // what adopt_prefix will append
   }
+  if (!fits(r, keys, n)) return std::nullopt;
   const std::int32_t slot = acquire();
   for (std::int32_t i = 0; i < num_pools(); ++i) {
     reserved_[i] += need_[i];
     reservation_[static_cast<std::size_t>(slot) * pools_.size() + i] = need_[i];
   }
+  adopt_prefix(slot, keys, n);  // checked above: matched, within the reservation, room
   return slot;
 }
 
-bool KvLedger::can_admit(const KvReservation& r) const {
+bool KvLedger::can_admit(const KvReservation& r, std::span<const PageKey> keys,
+                         std::int32_t n) const {
+  if (n < 0 || (n > 0 && n > match_prefix(keys))) return false;
+  return fits(r, keys, n);
+}
+
+bool KvLedger::fits(const KvReservation& r, std::span<const PageKey> keys, std::int32_t n) const {
   if (slots_[0]->active_slots() >= pools_[0].geometry.max_slots - 1) return false;
-  for (std::int32_t i = 0; i < num_pools(); ++i)
-    if (pages_needed(i, r) > usable_pages(i) - reserved_[i]) return false;
+  for (std::int32_t i = 0; i < num_pools(); ++i) {
+    need_[i] = pages_needed(i, r);
+    if (!counts_shared_once(i)) {
+      if (need_[i] > usable_pages(i) - reserved_[i]) return false;
+      continue;
+    }
+    const PrefixCache& c = *caches_[static_cast<std::size_t>(i)];
+    std::int32_t unheld = 0;  // hit pages only the cache holds: adopting takes them off the free
+    for (std::int32_t j = 0; j < n; ++j)
+      unheld += c.refs(c.find(keys[static_cast<std::size_t>(j)])) == 0;
+    if (unallocated_reservations(i) + (need_[i] - n) > slots_[i]->available_pages() - unheld)
+      return false;
+  }
   return true;
+}
+
+bool KvLedger::counts_shared_once(std::int32_t pool) const {
+  return caches_[static_cast<std::size_t>(pool)] != nullptr &&
+         pools_[static_cast<std::size_t>(pool)].geometry.kind == AttentionKind::kFull;
+}
+
+std::int32_t KvLedger::unallocated_reservations(std::int32_t pool) const {
+  std::int32_t sum = 0;
+  const RequestSlots& s = *slots_[static_cast<std::size_t>(pool)];
+  for (std::int32_t slot = 0; slot < s.geometry().max_slots; ++slot) {
+    const std::int32_t r = reservation_[static_cast<std::size_t>(slot) * pools_.size() +
+                                        static_cast<std::size_t>(pool)];
+    if (r >= 0) sum += r - s.pages_held(slot);
+  }
+  return sum;
+}
+
+bool KvLedger::admission_guarantee_holds(std::int32_t pool) const {
+  config(pool);
+  if (!counts_shared_once(pool))
+    return reserved_[static_cast<std::size_t>(pool)] <= usable_pages(pool);
+  return unallocated_reservations(pool) <=
+         slots_[static_cast<std::size_t>(pool)]->available_pages();
 }
 
 std::int32_t KvLedger::acquire() {
@@ -307,17 +370,6 @@ void KvLedger::release(std::int32_t slot) {
 }
 
 // ---- prefix cache ----------------------------------------------------------------------------
-
-namespace {
-
-// First logical page a step starting at `tokens` reads in pool `g` (0 for a full pool).
-std::int32_t first_needed_page(const PoolGeometry& g, std::int32_t tokens) {
-  return g.kind == AttentionKind::kSliding
-             ? swa_first_resident_page(tokens, g.window_left, g.page_size)
-             : 0;
-}
-
-}  // namespace
 
 std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys, bool within_budget) const {
   if (!caches_all_ || keys.empty()) return 0;

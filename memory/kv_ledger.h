@@ -7,7 +7,8 @@
 // pool changes, and a refusal's Error names the pool and the value.
 //
 // Admission by reservation: try_admit() reserves, in every pool, the most pages the request can
-// ever hold (pages_needed) and admits it only when every pool has that many unreserved pages.
+// ever hold (pages_needed) and admits it only when every pool has that many unreserved pages (in a
+// full pool with a prefix cache, counting shared pages once: below).
 // Afterwards the request's extends can never meet an exhausted pool; a request that cannot be
 // admitted waits. This is the scheduler's one count of free memory: a model whose layers all use
 // a sliding window is admitted by what its window pool really holds. Slots taken by acquire()
@@ -17,8 +18,19 @@
 // Prefix cache (pools with LedgerPool::prefix_cache; memory/prefix_cache.h): every page of a
 // caching pool is reference counted; match_prefix / adopt_prefix start an admitted request on
 // pages earlier requests published (all pools or none), publish_prefix names a request's full,
-// final pages. Cached pages no request holds count as free and are evicted on demand, so the
-// reservation rule above is unchanged.
+// final pages. Cached pages no request holds count as free and are evicted on demand.
+//
+// Admission in a full pool with a prefix cache counts shared pages once: the request fits when
+//   sum over admitted requests (reservation - pages held) + (its need - its hit)
+//     <= free pages - the hit's pages no request holds yet.
+// Every allocation then still finds a page: an extend moves one page from the right side to the
+// left's held count, a release or a rollback gives back at least what it takes off the left (a
+// rollback never returns a shared page: it drops only rows past the committed, published prefix),
+// and a shared page stays held until its last holder leaves. The plain rule (sum of reservations
+// <= usable pages) would count a page that k requests share k times: 64 requests on a 2k-token
+// system prompt would reserve the prompt's pages 64 times. Sliding and cross pools keep the plain
+// rule (a sliding request returns shared pages as its window moves, which the count above would
+// take as memory given back).
 #pragma once
 
 #include <cstdint>
@@ -74,8 +86,17 @@ class KvLedger {
   // A slot with `r` reserved in every pool, or nothing when a pool lacks unreserved pages or no
   // slot is free. Changes nothing when it returns nothing.
   std::optional<std::int32_t> try_admit(const KvReservation& r);
-  // Would try_admit(r) admit now? (A slot free and every pool with enough unreserved pages.)
-  bool can_admit(const KvReservation& r) const;
+  // try_admit that also starts the request on the cached pages of keys[0..n) (adopt_prefix), so
+  // that the admission check can count the hit; n <= match_prefix(keys) (Error "prefix_pages"
+  // otherwise, before anything changes). Nothing changes when it returns nothing.
+  std::optional<std::int32_t> try_admit(const KvReservation& r, std::span<const PageKey> keys,
+                                        std::int32_t n);
+  // Would try_admit(r, keys, n) admit now? (A slot free and room in every pool.)
+  bool can_admit(const KvReservation& r, std::span<const PageKey> keys = {},
+                 std::int32_t n = 0) const;
+  // The admission guarantee of pool `pool` right now (see the top of this file): tests check it
+  // after every operation.
+  bool admission_guarantee_holds(std::int32_t pool) const;
   // A slot with no reservation. Error "max_slots" when none is free.
   std::int32_t acquire();
 
@@ -145,6 +166,12 @@ class KvLedger {
 
  private:
   bool self_pool_of(std::int32_t pool, std::int32_t group) const;
+  // A full pool with a prefix cache: admission counts shared pages once.
+  bool counts_shared_once(std::int32_t pool) const;
+  // try_admit's room check (need_ filled for every pool); n validated by the caller.
+  bool fits(const KvReservation& r, std::span<const PageKey> keys, std::int32_t n) const;
+  // Sum over the slots with a reservation of (reservation - pages held) in pool `pool`.
+  std::int32_t unallocated_reservations(std::int32_t pool) const;
   // The extend of every self pool i by grow_[i] (-1: untouched), checked in full first.
   void extend_pools(std::int32_t slot);
   std::int32_t require_slot(std::int32_t slot, const char* what) const;
@@ -161,7 +188,7 @@ class KvLedger {
   std::vector<std::int32_t> found_;           // [max pages] adopt scratch, sized once
   std::vector<std::int32_t> reserved_;        // [pool] pages reserved by admitted requests
   std::vector<std::int32_t> reservation_;     // [slot][pool] pages reserved (-1: none)
-  std::vector<std::int32_t> need_;            // [pool] admission scratch, sized once
+  mutable std::vector<std::int32_t> need_;    // [pool] admission scratch, sized once
   std::vector<std::int32_t> grow_;            // [pool] extend scratch (-1: untouched), sized once
 };
 

@@ -121,23 +121,7 @@ EagleWeights load_eagle_weights(EagleConfig config, const SafetensorsCheckpoint&
       throw Error("unexpected tensor (not part of an EAGLE-1/2 head of this config)",
                   ckpt.file_of(name), name, shape_to_string(ckpt.find(name)->shape));
   }
-  std::size_t missing = 0;
-  const TensorSpec* first_missing = nullptr;
-  for (const TensorSpec& s : specs) {
-    const TensorInfo* t = ckpt.find(s.name);
-    if (t == nullptr) {
-      if (first_missing == nullptr) first_missing = &s;
-      ++missing;
-      continue;
-    }
-    if (t->shape != s.shape)
-      throw Error("shape mismatch", ckpt.file_of(s.name), s.name,
-                  "checkpoint " + shape_to_string(t->shape) + ", config expects " +
-                      shape_to_string(s.shape));
-  }
-  if (first_missing != nullptr)
-    throw Error("missing tensor (" + std::to_string(missing) + " missing in all)", ckpt.source(),
-                first_missing->name, "expected " + shape_to_string(first_missing->shape));
+  require_tensor_shapes(ckpt, specs);
   EagleWeights w;
   w.config = config;
   for (const TensorSpec& s : specs) {

@@ -2,7 +2,8 @@
 // Serves the same greedy requests twice, once by plain decode steps and once by speculative steps
 // (k drafts from the draft model, verified by the target in one pass), and prints the acceptance
 // per draft position, the tokens a request commits per step, throughput of both and the speedup,
-// and whether every request got the same tokens.
+// and whether every request got the same tokens. Each engine first serves a warm-up batch of other
+// prompts, so one-off costs (graph captures, library loading) do not favour either side.
 //
 //   speculative [--target DIR | --model 1b|small] [--draft self|noisy|layers:N|DIR]
 //               [--eagle synthetic|synthetic3|DIR] [--k K] [--requests N] [--max-batch B]
@@ -116,13 +117,40 @@ struct Served {
   EngineStats stats;
 };
 
-Served serve(Engine& engine, const std::vector<RequestSpec>& specs) {
+// The counters of `now` accumulated since `before` (the latency percentiles are over the last
+// steps already, so they are kept as they are).
+EngineStats since(const EngineStats& now, const EngineStats& before) {
+  EngineStats d = now;
+  d.steps -= before.steps;
+  d.prefill_steps -= before.prefill_steps;
+  d.decode_steps -= before.decode_steps;
+  d.generated_tokens -= before.generated_tokens;
+  d.busy_s -= before.busy_s;
+  d.spec_rows -= before.spec_rows;
+  d.drafted_tokens -= before.drafted_tokens;
+  d.accepted_tokens -= before.accepted_tokens;
+  for (std::size_t j = 0; j < before.drafted_at.size() && j < d.drafted_at.size(); ++j) {
+    d.drafted_at[j] -= before.drafted_at[j];
+    d.accepted_at[j] -= before.accepted_at[j];
+  }
+  return d;
+}
+
+// Serves `warmup` (same shapes, other prompts, so the prefix cache cannot serve the measured ones)
+// and then `specs`, and reports `specs`: the warm-up pays the one-off costs (graph captures, cuBLAS
+// and module loading) that would otherwise favour whichever engine runs second.
+Served serve(Engine& engine, const std::vector<RequestSpec>& warmup,
+             const std::vector<RequestSpec>& specs) {
   Served out;
-  out.tokens.resize(specs.size());
-  for (std::size_t r = 0; r < specs.size(); ++r)
-    engine.submit(specs[r], [&out, r](const TokenEvent& e) { out.tokens[r].push_back(e.token); });
-  engine.run_until_idle();
-  out.stats = engine.stats();
+  for (const std::vector<RequestSpec>* batch : {&warmup, &specs}) {
+    const EngineStats before = engine.stats();
+    out.tokens.assign(batch->size(), {});
+    for (std::size_t r = 0; r < batch->size(); ++r)
+      engine.submit((*batch)[r],
+                    [&out, r](const TokenEvent& e) { out.tokens[r].push_back(e.token); });
+    engine.run_until_idle();
+    out.stats = since(engine.stats(), before);
+  }
   return out;
 }
 
@@ -168,24 +196,29 @@ int main(int argc, char** argv) {
                   o.draft.c_str(), o.k);
 
     std::mt19937_64 rng(o.seed);
-    std::vector<RequestSpec> specs(static_cast<std::size_t>(o.requests));
-    for (RequestSpec& s : specs) {
-      s.prompt.resize(static_cast<std::size_t>(o.prompt_len));
-      for (auto& t : s.prompt)
-        t = std::uniform_int_distribution<std::int32_t>(0, target.config.vocab_size - 1)(rng);
-      s.max_new_tokens = o.new_tokens;
-    }
+    const auto random_specs = [&] {
+      std::vector<RequestSpec> specs(static_cast<std::size_t>(o.requests));
+      for (RequestSpec& s : specs) {
+        s.prompt.resize(static_cast<std::size_t>(o.prompt_len));
+        for (auto& t : s.prompt)
+          t = std::uniform_int_distribution<std::int32_t>(0, target.config.vocab_size - 1)(rng);
+        s.max_new_tokens = o.new_tokens;
+      }
+      return specs;
+    };
+    const std::vector<RequestSpec> warmup = random_specs();
+    const std::vector<RequestSpec> specs = random_specs();
     EngineConfig ec;
     ec.max_batch = o.max_batch;
     ec.max_context = o.prompt_len + o.new_tokens;
     ec.use_graphs = o.graphs;
     Engine plain_engine(target, ec);
-    const Served plain = serve(plain_engine, specs);
+    const Served plain = serve(plain_engine, warmup, specs);
     ec.speculative.max_draft_tokens = o.k;
     ec.speculative.k_by_batch = {{o.max_batch, o.k}};
     if (eagle) ec.speculative.proposer = SpecProposer::kEagle;
     Engine spec_engine(target, ec, eagle ? nullptr : &draft, eagle ? &head : nullptr);
-    const Served spec = serve(spec_engine, specs);
+    const Served spec = serve(spec_engine, warmup, specs);
 
     const EngineStats& s = spec.stats;
     std::printf("acceptance by draft position:");

@@ -12,32 +12,10 @@ namespace {
 
 using refmath::bf16;
 using refmath::linear;
+using refmath::rmsnormed;
+using refmath::rope;
 using refmath::Vec;
 using refmath::vec;
-
-Vec rmsnormed(const double* x, std::size_t n, const Vec& w, double eps) {
-  double ss = 0;
-  for (std::size_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
-  Vec y(n);
-  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
-  return y;
-}
-
-void rope(Vec& x, std::size_t heads, std::size_t d, std::int64_t pos, const Vec& inv_freq) {
-  const std::size_t h2 = d / 2;
-  for (std::size_t h = 0; h < heads; ++h) {
-    double* p = x.data() + h * d;
-    for (std::size_t i = 0; i < h2; ++i) {
-      // The device's table holds float inverse frequencies: the reference uses the same values.
-      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
-      const double c = std::cos(a), s = std::sin(a);
-      const double x0 = p[i], x1 = p[i + h2];
-      p[i] = x0 * c - x1 * s;
-      p[i + h2] = x1 * c + x0 * s;
-    }
-  }
-}
 
 }  // namespace
 
@@ -99,24 +77,8 @@ std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
     rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
   }
   std::vector<Eagle3ReferenceRow> out;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (std::size_t j = first; j < n; ++j) {
-    Vec attn(hq * d, 0.0);
-    for (std::size_t h = 0; h < hq; ++h) {
-      const std::size_t g = h / (hq / hkv);
-      Vec s(j + 1);
-      double mx = -1e300;
-      for (std::size_t m = 0; m <= j; ++m) {
-        double dot = 0;
-        for (std::size_t i = 0; i < d; ++i) dot += q[j][h * d + i] * k[m][g * d + i];
-        s[m] = dot * scale;
-        mx = std::max(mx, s[m]);
-      }
-      double den = 0;
-      for (double& e : s) den += (e = std::exp(e - mx));
-      for (std::size_t m = 0; m <= j; ++m)
-        for (std::size_t i = 0; i < d; ++i) attn[h * d + i] += s[m] / den * v[m][g * d + i];
-    }
+    const Vec attn = refmath::causal_gqa_attention(q, k, v, j, hq, hkv, d);
     const Vec o = linear(wo, attn, H);
     Vec r(H);
     for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];

@@ -49,4 +49,36 @@ void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_
   }
 }
 
+int compare_with_plain(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& prompts,
+                       const std::vector<std::vector<std::int32_t>>& spec,
+                       const std::vector<std::vector<std::int32_t>>& plain,
+                       const std::string& what) {
+  int near_ties = 0;
+  for (std::size_t r = 0; r < prompts.size(); ++r) {
+    const auto& a = spec[r];
+    const auto& b = plain[r];
+    const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
+    if (diff.first == a.end()) continue;
+    const auto i = static_cast<std::size_t>(diff.first - a.begin());
+    std::vector<std::int32_t> seq = prompts[r];
+    seq.insert(seq.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(i));
+    const std::vector<double> ref = reference_last_logits(w, seq);
+    std::vector<double> sorted = ref;
+    std::sort(sorted.rbegin(), sorted.rend());
+    double scale = 0;
+    for (double v : ref) scale = std::max(scale, std::abs(v));
+    const double tol = 0.03 * scale;
+    const double gap = sorted[0] - sorted[1];
+    EXPECT_LT(gap, tol) << what << " request " << r << ": speculative and plain greedy differ at "
+                        << "token " << i << " (" << a[i] << " vs " << b[i] << ") where the "
+                        << "target's top-2 gap " << gap << " is not a near-tie (tol " << tol << ")";
+    EXPECT_GE(ref[static_cast<std::size_t>(a[i])], sorted[0] - tol) << what << " request " << r;
+    EXPECT_GE(ref[static_cast<std::size_t>(b[i])], sorted[0] - tol) << what << " request " << r;
+    std::printf("[ near-tie ] %s request %zu token %zu: %d vs %d, top-2 gap %.4f (tol %.4f)\n",
+                what.c_str(), r, i, a[i], b[i], gap, tol);
+    ++near_ties;
+  }
+  return near_ties;
+}
+
 }  // namespace graphdecode::testing

@@ -1,5 +1,5 @@
 // What the Engine's GPU tests share: token collection with the one-finish-event check, random
-// prompts, and the float64 confirmation of greedy tokens.
+// prompts, the float64 confirmation of greedy tokens, and speculative tokens against plain ones.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +31,14 @@ std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t
 void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
                              const std::vector<std::int32_t>& generated, const std::string& what,
                              const ReferenceEncoder& encoder = {});
+
+// Speculative tokens against plain greedy tokens, request by request. A request whose tokens
+// differ from position i on passes only if the float64 reference at i has a top-2 gap within bf16
+// noise (3% of its largest logit) and both picks lie within that tolerance of its maximum: two
+// correct runs may then pick differently. Returns the number of such near-tie divergences.
+int compare_with_plain(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& prompts,
+                       const std::vector<std::vector<std::int32_t>>& spec,
+                       const std::vector<std::vector<std::int32_t>>& plain,
+                       const std::string& what);
 
 }  // namespace graphdecode::testing

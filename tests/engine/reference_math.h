@@ -1,7 +1,10 @@
-// The float64 references' shared arithmetic (llama_reference.cpp, eagle_reference.cpp): bf16
-// weights read as doubles and a dense layer, nothing rounded on the way.
+// The float64 references' shared arithmetic (llama_reference.cpp, eagle_reference.cpp,
+// eagle3_reference.cpp): bf16 weights read as doubles, a dense layer, RMSNorm, RoPE and causal
+// grouped-query attention, nothing rounded on the way.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -35,6 +38,60 @@ inline Vec linear(const Vec& w, const Vec& x, std::size_t out, const Vec* b = nu
     y[o] = s + (b ? (*b)[o] : 0.0);
   }
   return y;
+}
+
+// x[0..n) * rsqrt(mean(x^2) + eps) * w
+inline Vec rmsnormed(const double* x, std::size_t n, const Vec& w, double eps) {
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  Vec y(n);
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+inline Vec rmsnormed(const Vec& x, const Vec& w, double eps) {
+  return rmsnormed(x.data(), x.size(), w, eps);
+}
+
+// Rotary embedding of `heads` heads of dimension d at position pos (halves rotated, as Llama).
+inline void rope(Vec& x, std::size_t heads, std::size_t d, std::int64_t pos, const Vec& inv_freq) {
+  const std::size_t h2 = d / 2;
+  for (std::size_t h = 0; h < heads; ++h) {
+    double* p = x.data() + h * d;
+    for (std::size_t i = 0; i < h2; ++i) {
+      // The device's table holds float inverse frequencies: the reference uses the same values.
+      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
+      const double c = std::cos(a), s = std::sin(a);
+      const double x0 = p[i], x1 = p[i + h2];
+      p[i] = x0 * c - x1 * s;
+      p[i + h2] = x1 * c + x0 * s;
+    }
+  }
+}
+
+// Row j of causal attention over rows 0..j: q[j] [hq * d], k[m] / v[m] [hkv * d], query head h
+// reading kv head h / (hq / hkv), softmax(q.k / sqrt(d)). Returns [hq * d].
+inline Vec causal_gqa_attention(const std::vector<Vec>& q, const std::vector<Vec>& k,
+                                const std::vector<Vec>& v, std::size_t j, std::size_t hq,
+                                std::size_t hkv, std::size_t d) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Vec attn(hq * d, 0.0);
+  for (std::size_t h = 0; h < hq; ++h) {
+    const std::size_t g = h / (hq / hkv);
+    Vec s(j + 1);
+    double mx = -1e300;
+    for (std::size_t m = 0; m <= j; ++m) {
+      double dot = 0;
+      for (std::size_t i = 0; i < d; ++i) dot += q[j][h * d + i] * k[m][g * d + i];
+      s[m] = dot * scale;
+      mx = std::max(mx, s[m]);
+    }
+    double den = 0;
+    for (double& e : s) den += (e = std::exp(e - mx));
+    for (std::size_t m = 0; m <= j; ++m)
+      for (std::size_t i = 0; i < d; ++i) attn[h * d + i] += s[m] / den * v[m][g * d + i];
+  }
+  return attn;
 }
 
 }  // namespace graphdecode::testing::refmath

@@ -28,6 +28,7 @@
 #include "engine/generate.h"
 #include "engine/spec/eagle_proposer.h"
 #include "engine/spec/eagle_weights.h"
+#include "engine_checks.h"
 #include "llama_reference.h"
 #include "spec_run.h"
 #include "support/field_of.h"
@@ -283,37 +284,6 @@ TEST_F(Eagle3Gpu, GraphReplayEqualsEagerBitwise) {
 
 // ---- speculative greedy decoding with an EAGLE-3 head equals plain greedy -----------------------
 
-// As test_eagle_gpu.cu: a divergence passes only at a near-tie of the float64 reference.
-int compare_with_plain(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& prompts,
-                       const std::vector<std::vector<std::int32_t>>& spec,
-                       const std::vector<std::vector<std::int32_t>>& plain,
-                       const std::string& what) {
-  int near_ties = 0;
-  for (std::size_t r = 0; r < prompts.size(); ++r) {
-    const auto& a = spec[r];
-    const auto& b = plain[r];
-    const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
-    if (diff.first == a.end()) continue;
-    const auto i = static_cast<std::size_t>(diff.first - a.begin());
-    std::vector<std::int32_t> seq = prompts[r];
-    seq.insert(seq.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(i));
-    const std::vector<double> ref = testing::reference_last_logits(w, seq);
-    std::vector<double> sorted = ref;
-    std::sort(sorted.rbegin(), sorted.rend());
-    double scale = 0;
-    for (double x : ref) scale = std::max(scale, std::abs(x));
-    const double tol = 0.03 * scale;
-    const double gap = sorted[0] - sorted[1];
-    EXPECT_LT(gap, tol) << what << " request " << r << ": speculative and plain greedy differ at "
-                        << "token " << i << " (" << a[i] << " vs " << b[i] << "), top-2 gap " << gap
-                        << " is not a near-tie (tol " << tol << ")";
-    std::printf("[ near-tie ] %s request %zu token %zu: %d vs %d, top-2 gap %.4f (tol %.4f)\n",
-                what.c_str(), r, i, a[i], b[i], gap, tol);
-    ++near_ties;
-  }
-  return near_ties;
-}
-
 // A target whose greedy next token is the current one + 1 (mod vocab): attention and MLP outputs
 // zeroed, so every residual-stream state of row t is embed(token_t), and lm_head row v = embed
 // row v - 1. And an EAGLE-3 head that drafts token_t + 2 from row t's states: fc = [I | 0 | 0],
@@ -370,7 +340,7 @@ TEST_P(Eagle3Greedy, TokensEqualPlainGreedyDecoding) {
     SpecRun run(target, synthetic_eagle3_weights(config, seed + 1), 4, 4, graphs);
     const auto spec =
         run.generate(prompts, new_tokens, [](std::int64_t s) { return static_cast<int>(s % 5); });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "random head");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "random head");
     std::printf("[ random eagle3 head ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
@@ -387,7 +357,7 @@ TEST_P(Eagle3Greedy, TokensEqualPlainGreedyDecoding) {
       first_drafts += static_cast<std::int64_t>(prompts.size());
       return static_cast<int>(s % 4) + 1;
     });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "shift head");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "shift head");
     std::printf("[ shift eagle3 head ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
@@ -471,7 +441,7 @@ TEST_P(Eagle3Engine, GreedyTokensEqualPlainDecodingAndBadRequestsAreRefused) {
     greedy_got.push_back(got[r]);
     greedy_want.push_back(want[r]);
   }
-  EXPECT_LE(compare_with_plain(target, prompts, greedy_got, greedy_want, "engine"), 1);
+  EXPECT_LE(testing::compare_with_plain(target, prompts, greedy_got, greedy_want, "engine"), 1);
   const EngineStats st = engine.stats();
   std::printf(
       "[ engine eagle3 ] %lld decode steps, %lld of %lld drafts accepted, %.2f tokens/row\n",

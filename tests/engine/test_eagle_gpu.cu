@@ -33,6 +33,7 @@
 #include "engine/spec/eagle_weights.h"
 #include "engine/spec/spec_book.h"
 #include "engine/spec/spec_step.h"
+#include "engine_checks.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
 #include "spec_run.h"
@@ -293,37 +294,6 @@ TEST_F(EagleGpu, GraphReplayEqualsEagerBitwise) {
 
 // ---- speculative greedy decoding with an EAGLE head equals plain greedy -------------------------
 
-// As test_spec_gpu.cu: a divergence passes only at a near-tie of the float64 reference.
-int compare_with_plain(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& prompts,
-                       const std::vector<std::vector<std::int32_t>>& spec,
-                       const std::vector<std::vector<std::int32_t>>& plain,
-                       const std::string& what) {
-  int near_ties = 0;
-  for (std::size_t r = 0; r < prompts.size(); ++r) {
-    const auto& a = spec[r];
-    const auto& b = plain[r];
-    const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
-    if (diff.first == a.end()) continue;
-    const auto i = static_cast<std::size_t>(diff.first - a.begin());
-    std::vector<std::int32_t> seq = prompts[r];
-    seq.insert(seq.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(i));
-    const std::vector<double> ref = testing::reference_last_logits(w, seq);
-    std::vector<double> sorted = ref;
-    std::sort(sorted.rbegin(), sorted.rend());
-    double scale = 0;
-    for (double x : ref) scale = std::max(scale, std::abs(x));
-    const double tol = 0.03 * scale;
-    const double gap = sorted[0] - sorted[1];
-    EXPECT_LT(gap, tol) << what << " request " << r << ": speculative and plain greedy differ at "
-                        << "token " << i << " (" << a[i] << " vs " << b[i] << "), top-2 gap " << gap
-                        << " is not a near-tie (tol " << tol << ")";
-    std::printf("[ near-tie ] %s request %zu token %zu: %d vs %d, top-2 gap %.4f (tol %.4f)\n",
-                what.c_str(), r, i, a[i], b[i], gap, tol);
-    ++near_ties;
-  }
-  return near_ties;
-}
-
 // A target whose next token depends on the current token alone (attention and MLP outputs
 // zeroed: h_t = norm(embed(t))), and a head whose output is the embedding of its token
 // (fc = [I | 0], no attention or MLP output): lm_head(embed(t)) has the target's argmax (the
@@ -363,7 +333,7 @@ TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
     SpecRun run(target, synthetic_eagle_weights(config, seed + 1), 4, 4, graphs);
     const auto spec =
         run.generate(prompts, new_tokens, [](std::int64_t s) { return static_cast<int>(s % 5); });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "random head");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "random head");
     std::printf("[ random head ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
@@ -376,7 +346,7 @@ TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
     const GenerateResult plain = generate_greedy(target, prompts, go, stream.get());
     SpecRun run(target, head, 4, 4, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 4; });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "bigram head");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "bigram head");
     const double rate = static_cast<double>(run.accepted) / static_cast<double>(run.drafted);
     std::printf("[ bigram head ] %lld steps, acceptance %.3f (%lld of %lld drafts)\n",
                 static_cast<long long>(run.steps), rate, static_cast<long long>(run.accepted),
@@ -452,7 +422,8 @@ TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
     greedy_got.push_back(got[r]);
     greedy_want.push_back(want[r]);
   }
-  const int near_ties = compare_with_plain(target, prompts, greedy_got, greedy_want, "engine");
+  const int near_ties =
+      testing::compare_with_plain(target, prompts, greedy_got, greedy_want, "engine");
   EXPECT_LE(near_ties, 1);
   const EngineStats st = engine.stats();
   std::printf("[ engine eagle ] %lld decode steps, %lld of %lld drafts accepted, %.2f tokens/row\n",

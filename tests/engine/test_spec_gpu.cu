@@ -30,6 +30,7 @@
 #include "engine/spec/spec_rules.h"
 #include "engine/spec/spec_step.h"
 #include "engine/weights.h"
+#include "engine_checks.h"
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
 #include "spec_run.h"
@@ -191,42 +192,6 @@ std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c, testing
   return p;
 }
 
-// Compares speculative tokens with plain greedy tokens per request. A request whose tokens differ
-// from position i on passes only if the float64 reference at i has a top-2 gap within bf16
-// noise (3% of its largest logit) and both picks lie within that tolerance of its maximum: two
-// correct runs may then pick differently. Returns the number of such near-tie divergences.
-int compare_with_plain(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& prompts,
-                       const std::vector<std::vector<std::int32_t>>& spec,
-                       const std::vector<std::vector<std::int32_t>>& plain,
-                       const std::string& what) {
-  int near_ties = 0;
-  for (std::size_t r = 0; r < prompts.size(); ++r) {
-    const auto& a = spec[r];
-    const auto& b = plain[r];
-    const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
-    if (diff.first == a.end()) continue;
-    const auto i = static_cast<std::size_t>(diff.first - a.begin());
-    std::vector<std::int32_t> seq = prompts[r];
-    seq.insert(seq.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(i));
-    const std::vector<double> ref = testing::reference_last_logits(w, seq);
-    std::vector<double> sorted = ref;
-    std::sort(sorted.rbegin(), sorted.rend());
-    double scale = 0;
-    for (double v : ref) scale = std::max(scale, std::abs(v));
-    const double tol = 0.03 * scale;
-    const double gap = sorted[0] - sorted[1];
-    EXPECT_LT(gap, tol) << what << " request " << r << ": speculative and plain greedy differ at "
-                        << "token " << i << " (" << a[i] << " vs " << b[i] << ") where the "
-                        << "target's top-2 gap " << gap << " is not a near-tie (tol " << tol << ")";
-    EXPECT_GE(ref[static_cast<std::size_t>(a[i])], sorted[0] - tol) << what << " request " << r;
-    EXPECT_GE(ref[static_cast<std::size_t>(b[i])], sorted[0] - tol) << what << " request " << r;
-    std::printf("[ near-tie ] %s request %zu token %zu: %d vs %d, top-2 gap %.4f (tol %.4f)\n",
-                what.c_str(), r, i, a[i], b[i], gap, tol);
-    ++near_ties;
-  }
-  return near_ties;
-}
-
 class SpecGreedy : public SpecGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
@@ -247,7 +212,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
   {  // the target as its own draft: every draft should be accepted
     SpecRun run(target, &target, 4, 4, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 4; });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "own draft");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "own draft");
     const double rate = static_cast<double>(run.accepted) / static_cast<double>(run.drafted);
     std::printf("[ own draft ] %lld steps, acceptance %.3f (%lld of %lld drafts)\n",
                 static_cast<long long>(run.steps), rate, static_cast<long long>(run.accepted),
@@ -265,7 +230,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
     SpecRun run(target, &draft, 4, 4, graphs);
     const auto spec =
         run.generate(prompts, new_tokens, [](std::int64_t s) { return static_cast<int>(s % 5); });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "noisy draft");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "noisy draft");
     std::printf("[ noisy draft ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
@@ -276,7 +241,8 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
     const HostWeights draft = synthetic_weights(config, seed + 1);
     SpecRun run(target, &draft, 4, 3, graphs);
     const auto spec = run.generate(prompts, new_tokens, [](std::int64_t) { return 3; });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "unrelated draft");
+    near_ties +=
+        testing::compare_with_plain(target, prompts, spec, plain.tokens, "unrelated draft");
     std::printf("[ unrelated draft ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));
@@ -285,7 +251,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
     SpecRun run(target, nullptr, 4, 4, graphs);
     const auto spec = run.generate(prompts, new_tokens,
                                    [](std::int64_t s) { return 1 + static_cast<int>(s % 4); });
-    near_ties += compare_with_plain(target, prompts, spec, plain.tokens, "prompt lookup");
+    near_ties += testing::compare_with_plain(target, prompts, spec, plain.tokens, "prompt lookup");
     std::printf("[ prompt lookup ] %lld steps, %lld of %lld drafts accepted\n",
                 static_cast<long long>(run.steps), static_cast<long long>(run.accepted),
                 static_cast<long long>(run.drafted));

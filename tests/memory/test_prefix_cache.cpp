@@ -219,6 +219,9 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
       std::ostringstream where;
       where << "op " << op << " pool " << i << ": ";
       if (!m.error.empty()) return where.str() + m.error;
+      // Every admitted request can still grow to its reservation.
+      if (!ledger.admission_guarantee_holds(at))
+        return where.str() + "the admission guarantee no longer holds";
       const PrefixCache& c = *ledger.prefix_cache(at);
       const PageAllocator& a = ledger.slots(at).allocator();
       std::vector<std::int32_t> held(m.refs.size(), 0);
@@ -271,13 +274,18 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
       while (static_cast<std::int32_t>(r.tokens.size()) < len) r.tokens.push_back(pick(3));
       r.keys.resize(static_cast<std::size_t>(len / kPage));
       chain_page_keys(r.tokens, kPage, 42, r.keys);
-      const std::optional<std::int32_t> slot = ledger.try_admit(KvReservation{len, 0});
-      if (!slot) continue;
-      r.slot = *slot;
       // At least the last prompt token is computed: the hit stops a page short of a whole prompt.
       const std::span<const PageKey> lookup(r.keys.data(),
                                             static_cast<std::size_t>((len - 1) / kPage));
       const std::int32_t n = ledger.match_prefix(lookup);
+      // Half the admissions count the hit (shared pages once), half admit first and adopt after
+      // (the plain check).
+      const bool with_hit = pick(2) == 0;
+      const std::optional<std::int32_t> slot =
+          with_hit ? ledger.try_admit(KvReservation{len, 0}, lookup, n)
+                   : ledger.try_admit(KvReservation{len, 0});
+      if (!slot) continue;
+      r.slot = *slot;
       std::int32_t expect = 0;
       for (std::int32_t k = static_cast<std::int32_t>(lookup.size()); k > 0 && expect == 0; --k) {
         bool all = true;
@@ -287,7 +295,7 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
       if (n != expect)
         return "op " + std::to_string(op) + ": match " + std::to_string(n) + " != model " +
                std::to_string(expect);
-      ledger.adopt_prefix(r.slot, lookup, n);
+      if (!with_hit) ledger.adopt_prefix(r.slot, lookup, n);
       for (PoolModel& m : model) {
         m.rows[r.slot].assign(kMaxPages, kInvalidPage);
         for (std::int32_t j = m.first_needed(n * kPage); j < n; ++j) {
@@ -403,6 +411,69 @@ TEST(PrefixCacheLedger, RefusedHitsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(field([&] { l.adopt_prefix(b, keys, 10); }), "slot");  // already holds tokens
   l.truncate(b, 40);
   EXPECT_EQ(field([&] { l.publish_prefix(b, keys, 0, 11); }), "end");
+}
+
+// Admission counts a hit's shared pages once: on a 20-page pool, requests of 10 pages that share
+// an 8-page prompt run six at once (the plain count, 10 pages each, admits two), and every one of
+// them can still grow to its whole reservation.
+TEST(PrefixCacheLedger, AdmissionCountsSharedPagesOnce) {
+  const auto make_pools = [] {
+    LedgerPool p = pool(AttentionKind::kFull, 21, 0);
+    p.geometry.max_slots = 10;
+    return std::vector<LedgerPool>{p};
+  };
+  std::vector<std::int32_t> prompt(33);
+  for (std::int32_t i = 0; i < 33; ++i) prompt[static_cast<std::size_t>(i)] = (i * 7) % 5;
+  std::vector<PageKey> keys(8);  // the prompt's full pages but the last token's: (33 - 1) / 4
+  chain_page_keys(prompt, kPage, 1, keys);
+  const KvReservation r{40, 0};  // 10 pages
+
+  for (const bool count_hits : {true, false}) {
+    SCOPED_TRACE(count_hits ? "hits counted" : "plain admission, adopt after");
+    const std::vector<LedgerPool> pools = make_pools();
+    KvLedger l(pools);
+    const std::int32_t owner = *l.try_admit(r);
+    l.extend(owner, 33);  // prefilled: 9 pages, the first 8 published
+    l.publish_prefix(owner, keys, 0, 8);
+    l.clear_commands();
+    std::vector<std::int32_t> sharers;
+    for (;;) {
+      const std::int32_t n = l.match_prefix(keys);
+      ASSERT_EQ(n, 8);
+      std::optional<std::int32_t> slot = count_hits ? l.try_admit(r, keys, n) : l.try_admit(r);
+      if (!slot) break;
+      if (!count_hits) l.adopt_prefix(*slot, keys, n);
+      EXPECT_EQ(l.tokens(*slot), 32);
+      EXPECT_EQ(l.pages_held(0, *slot), 8);
+      sharers.push_back(*slot);
+      ASSERT_TRUE(l.admission_guarantee_holds(0));
+      l.clear_commands();
+    }
+    // Held 9 + 1 left for the owner; 2 left for each sharer: 1 + 2k <= 20 - 9.
+    EXPECT_EQ(sharers.size(), count_hits ? 5u : 1u);
+    // Every request grows to its reservation: no allocation finds the pool exhausted.
+    l.extend(owner, 7);
+    for (const std::int32_t s : sharers) l.extend(s, 8);
+    EXPECT_TRUE(l.admission_guarantee_holds(0));
+    EXPECT_EQ(l.free_pages(0), count_hits ? 0 : 20 - 10 - 10 + 8);
+    for (const std::int32_t s : sharers) l.release(s);
+    l.release(owner);
+    l.clear_commands();
+    EXPECT_EQ(l.free_pages(0), 20);  // every page free or cached and unreferenced
+  }
+
+  // A hit larger than the cache can serve is refused by name, before anything changes.
+  const std::vector<LedgerPool> pools = make_pools();
+  KvLedger l(pools);
+  EXPECT_EQ(l.match_prefix(keys), 0);
+  try {
+    l.try_admit(r, keys, 3);
+    ADD_FAILURE() << "admitted on pages that are not cached";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "prefix_pages") << e.what();
+  }
+  EXPECT_EQ(l.active_requests(), 0);
+  EXPECT_EQ(l.reserved_pages(0), 0);
 }
 
 std::optional<std::string> run_model_check(std::uint64_t seed, std::int32_t ops,

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# compute-sanitizer over GPU test binaries, several at a time, each under a host-memory and time
+# guard, with a one-line verdict per (binary, tool) and a summary table.
+#
+#   scripts/sanitize.sh LIST_FILE OUT_DIR        (LIST_FILE: one binary path per line, e.g.
+#                                                 build-gpu/gpu_tests.txt)
+#   GD_SANITIZE_TOOLS="memcheck racecheck initcheck"  tools (default: all three)
+#   GD_SANITIZE_FILTER='engine|cross'                 binaries whose name matches (default: all)
+#   GD_SANITIZE_PARALLEL=8                            jobs at once (the tools are host-bound)
+#   GD_SANITIZE_TIMEOUT=300                           seconds per job
+#   GD_SANITIZE_RSS_GB=24                             host memory per job (process group)
+#   GD_SANITIZE_DEADLINE=0                            seconds for the whole sweep (0: none)
+#
+# Verdicts: ok (0 errors), LIBRARY (racecheck hazards only inside cuBLAS kernels, listed by name),
+# FAIL (errors in our kernels, an internal sanitizer error, a failed test), KILLED (time or memory
+# guard; no verdict). Exit status 1 when any job is FAIL or KILLED.
+#
+# Why racecheck runs unfiltered: with `--kernel-name kns=graphdecode` (check only our kernels) the
+# 2025.3 sanitizer stops with "Internal Sanitizer Error: failed to handle a hardware exception" at
+# the first cuBLAS kernel of every binary that uses cuBLAS (H200, 2026-11-27), and the tests fail.
+# Unfiltered, cuBLAS's Hopper kernels (nvjet_sm90_*) report shared-memory hazards that racecheck
+# cannot order (they synchronise through the async proxy); those are counted apart.
+set -uo pipefail
+list=${1:?list file}
+out=${2:?output folder}
+mkdir -p "$out/sanitize"
+tools=${GD_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
+filter=${GD_SANITIZE_FILTER:-.}
+parallel=${GD_SANITIZE_PARALLEL:-8}
+timeout_s=${GD_SANITIZE_TIMEOUT:-300}
+rss_gb=${GD_SANITIZE_RSS_GB:-24}
+deadline=${GD_SANITIZE_DEADLINE:-0}
+here=$(cd "$(dirname "$0")" && pwd)
+
+jobs_file=$(mktemp)
+while read -r bin; do
+  [ -x "$bin" ] || continue
+  [[ "$(basename "$bin")" =~ $filter ]] || continue
+  for tool in $tools; do echo "$tool $bin"; done
+done < "$list" > "$jobs_file"
+
+# One job: the tool over one binary, then its verdict line.
+sanitize_one() {
+  local tool=$1 bin=$2 name log
+  name=$(basename "$bin")
+  log="$SAN_OUT/sanitize/$name.$tool.log"
+  : > "$log"
+  GRAPHDECODE_SANITIZE=1 "$SAN_HERE/run-guarded.sh" "$SAN_RSS_GB" "$SAN_TIMEOUT" "$log" \
+    compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1
+  local guard summary errors ours library internal failed verdict
+  guard=$(grep '^GUARD ' "$log" | tail -1)
+  summary=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ [a-z]+( displayed)? \([0-9]+ errors?' "$log" |
+    tail -1)
+  errors=$(grep -oE '\([0-9]+ error' <<< "$summary" | grep -oE '[0-9]+')
+  [ -z "$errors" ] && errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
+  # Hazard and error lines name the kernel as "at <kernel>+<offset>" or "in <kernel>".
+  library=$(grep -E 'Race reported|Error' "$log" | grep -cE '(at|in) (nvjet_|sm90_xmma|cutlass|gemv|gemmSN|splitKreduce)')
+  ours=$(grep -E 'Race reported' "$log" | grep -cvE 'at (nvjet_|sm90_xmma|cutlass|gemv|gemmSN|splitKreduce)')
+  internal=$(grep -c 'Internal Sanitizer Error' "$log")
+  failed=$(grep -cE '^\[  FAILED  \]' "$log")
+  if [[ "$guard" == *KILLED* ]]; then
+    verdict=KILLED
+  elif [ "$internal" -gt 0 ] || [ "$failed" -gt 0 ] || [ -z "$errors" ]; then
+    verdict=FAIL
+  elif [ "$errors" -eq 0 ]; then
+    verdict=ok
+  elif [ "$tool" = racecheck ] && [ "$ours" -eq 0 ] && [ "$library" -gt 0 ]; then
+    verdict=LIBRARY
+  else
+    verdict=FAIL
+  fi
+  printf '%-34s %-9s %-7s errors %-5s ours %-4s library %-4s failed tests %-3s %s\n' "$name" "$tool" \
+    "$verdict" "${errors:-?}" "$ours" "$library" "$failed" "${guard#GUARD }"
+}
+export -f sanitize_one
+export SAN_OUT=$out SAN_HERE=$here SAN_RSS_GB=$rss_gb SAN_TIMEOUT=$timeout_s
+
+# The sweep runs in its own process group, so the deadline can stop every job it started.
+results="$out/sanitize-summary.txt"
+setsid bash -c "xargs -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1' < '$jobs_file' > '$results'" &
+sweep=$!
+start=$SECONDS
+while kill -0 "$sweep" 2> /dev/null; do
+  if [ "$deadline" -gt 0 ] && [ $((SECONDS - start)) -ge "$deadline" ]; then
+    # TERM first: each guard then stops its own process group (the tool and the test).
+    kill -TERM -- -"$sweep" 2> /dev/null
+    sleep 3
+    kill -9 -- -"$sweep" 2> /dev/null
+    echo "deadline: stopped after $deadline s; jobs without a line did not finish" >> "$results"
+    break
+  fi
+  sleep 2
+done
+wait "$sweep" 2> /dev/null
+rm -f "$jobs_file"
+sort -o "$results" "$results"
+cat "$results"
+! grep -qE ' (FAIL|KILLED) |^deadline' "$results"
