@@ -20,6 +20,7 @@ struct SoakCase {
   std::int32_t k;
   bool ngram, graphs;
   bool eagle = false;
+  bool eagle3 = false;
 };
 
 class SoakGpu : public testing::GpuTest, public ::testing::WithParamInterface<SoakCase> {};
@@ -32,6 +33,7 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   c.max_draft_tokens = p.k;
   c.ngram = p.ngram;
   c.eagle = p.eagle;
+  c.eagle3 = p.eagle3;
   c.use_graphs = p.graphs;
   const soak::SoakReport r = soak::run_soak(c);
   std::printf("[ soak %s ] seed %llu: %s\n", p.name, static_cast<unsigned long long>(c.seed),
@@ -55,7 +57,9 @@ INSTANTIATE_TEST_SUITE_P(Streams, SoakGpu,
                                            SoakCase{"draft_model", 600, 4, false, true},
                                            SoakCase{"prompt_lookup", 600, 3, true, true},
                                            SoakCase{"eager", 400, 0, false, false},
-                                           SoakCase{"eagle_head", 600, 3, false, true, true}),
+                                           SoakCase{"eagle_head", 600, 3, false, true, true},
+                                           SoakCase{"eagle3_head", 600, 3, false, true, true,
+                                                    true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
