@@ -19,7 +19,7 @@ namespace {
 void usage() {
   std::printf(
       "usage: soak [--seed S] [--requests N] [--max-batch B] [--max-context C] [--kv-pages P]\n"
-      "            [--speculative K [--ngram | --eagle]] [--eager] [--pipeline]\n"
+      "            [--speculative K [--ngram | --eagle | --eagle3]] [--eager] [--pipeline]\n"
       "  --seed S         RNG seed of the request stream and the weights (default 1)\n"
       "  --requests N     requests submitted, bad ones included (default 10000)\n"
       "  --max-batch B    requests running at once (default 16)\n"
@@ -28,6 +28,7 @@ void usage() {
       "  --speculative K  speculative decoding, k = K, the target as its own draft\n"
       "  --ngram          with --speculative: prompt lookup instead of the draft model\n"
       "  --eagle          with --speculative: a synthetic EAGLE head instead of the draft model\n"
+      "  --eagle3         the same with a synthetic EAGLE-3 head (three target layers)\n"
       "  --eager          no CUDA graphs\n"
       "  --pipeline       pipelined decode steps (EngineConfig::pipeline)\n"
       "Exit status: 0 with no accounting error, 1 on any, 2 on a usage error or no GPU.\n");
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
       c.ngram = true;
     } else if (a == "--eagle") {
       c.eagle = true;
+    } else if (a == "--eagle3") {
+      c.eagle = c.eagle3 = true;
     } else if (a == "--eager") {
       c.use_graphs = false;
     } else if (a == "--pipeline") {
@@ -81,9 +84,10 @@ int main(int argc, char** argv) {
     std::printf("soak: seed %llu, batch %d, context %d, k %d%s%s: %s\n",
                 static_cast<unsigned long long>(c.seed), c.max_batch, c.max_context,
                 c.max_draft_tokens,
-                c.ngram   ? " (prompt lookup)"
-                : c.eagle ? " (EAGLE head)"
-                          : "",
+                c.ngram    ? " (prompt lookup)"
+                : c.eagle3 ? " (EAGLE-3 head)"
+                : c.eagle  ? " (EAGLE head)"
+                           : "",
                 c.pipeline ? ", pipelined" : "", r.summary().c_str());
     return r.errors == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -462,7 +462,9 @@ SoakReport Soak::run() {
   }
   const bool draft_model = c_.max_draft_tokens > 0 && !c_.ngram && !c_.eagle;
   EagleWeights head;
-  if (c_.max_draft_tokens > 0 && c_.eagle) head = synthetic_eagle_weights(model_, c_.seed + 5);
+  if (c_.max_draft_tokens > 0 && c_.eagle)
+    head = c_.eagle3 ? synthetic_eagle3_weights(model_, c_.seed + 5)
+                     : synthetic_eagle_weights(model_, c_.seed + 5);
   engine_ = std::make_unique<Engine>(w, ec, draft_model ? &w : nullptr,
                                      c_.max_draft_tokens > 0 && c_.eagle ? &head : nullptr);
   for (const std::int32_t n : {15, 16, 37, 70}) {  // page - 1, page, 2 pages + 5, 4 pages + 6

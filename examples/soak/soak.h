@@ -32,6 +32,7 @@ struct SoakConfig {
   std::int32_t max_draft_tokens = 0;  // > 0: speculative decoding, the target as its own draft
   bool ngram = false;                 // with max_draft_tokens: prompt lookup instead
   bool eagle = false;                 // with max_draft_tokens: a synthetic EAGLE head instead
+  bool eagle3 = false;                // with eagle: an EAGLE-3 head (three target layers) instead
   bool use_graphs = true;
   bool pipeline = false;       // EngineConfig::pipeline: decode step t + 1 launched before t's wait
   double bad_fraction = 0.05;  // of submissions: a bad request (each kind in turn)

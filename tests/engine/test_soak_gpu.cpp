@@ -22,6 +22,7 @@ struct SoakCase {
   bool ngram, graphs;
   bool eagle = false;
   bool pipeline = false;
+  bool eagle3 = false;
 };
 
 class SoakGpu : public testing::GpuTest, public ::testing::WithParamInterface<SoakCase> {};
@@ -34,6 +35,7 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   c.max_draft_tokens = p.k;
   c.ngram = p.ngram;
   c.eagle = p.eagle;
+  c.eagle3 = p.eagle3;
   c.use_graphs = p.graphs;
   c.pipeline = p.pipeline;
   const soak::SoakReport r = soak::run_soak(c);
@@ -70,6 +72,7 @@ INSTANTIATE_TEST_SUITE_P(
                       SoakCase{"prompt_lookup", 600, 3, true, true},
                       SoakCase{"eager", 400, 0, false, false},
                       SoakCase{"eagle_head", 600, 3, false, true, true},
+                      SoakCase{"eagle3_head", 600, 3, false, true, true, false, true},
                       SoakCase{"pipelined", 2000, 0, false, true, false, true},
                       SoakCase{"pipelined_eager", 400, 0, false, false, false, true},
                       SoakCase{"pipelined_speculative", 300, 3, false, true, false, true}),
