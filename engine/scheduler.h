@@ -26,9 +26,9 @@
 // the request's full pages of committed tokens are published, so later requests (and requests
 // admitted while this one still runs) share them; on finish or cancel its pages go back to the
 // cache, not to the free list. Shared pages are full pages strictly inside the committed prefix,
-// so a speculative rollback never touches one. The reservation is unchanged (a hit reserves its
-// shared pages too): cached unreferenced pages count as available, so reservation stays the one
-// count of free memory.
+// so a speculative rollback never touches one. Admission counts the hit (KvLedger::try_admit with
+// the matched keys): in full pools a shared page is counted once, so requests on one system
+// prompt do not each pay for its pages; cached unreferenced pages count as available.
 #pragma once
 
 #include <cstdint>

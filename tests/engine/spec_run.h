@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -204,5 +205,36 @@ struct SpecRun {
     published.resize(static_cast<std::size_t>(max_batch) * program->stride() + 1);
   }
 };
+
+// The same EAGLE speculative steps by graph replay and eagerly (the eager path runs the bucket's
+// shapes), k = step % (k_max + 1): every step's committed tokens, draft logits and carried states
+// must be bitwise equal, and every step but the prefill must have been replayed.
+inline void expect_eagle_replay_equals_eager(const HostWeights& target, const EagleWeights& head,
+                                             const std::vector<std::vector<std::int32_t>>& prompts,
+                                             std::int32_t k_max, int steps) {
+  SpecRun replay(target, head, 4, k_max, true), eager(target, head, 4, k_max, false);
+  std::vector<StepRequest> rq, eq;
+  std::vector<SpecRequestState> rs, es;
+  replay.prefill(prompts, rq, rs);
+  eager.prefill(prompts, eq, es);
+  const auto V = static_cast<std::size_t>(target.config.vocab_size);
+  const std::size_t carry_words = static_cast<std::size_t>(replay.cap.max_slots) *
+                                  static_cast<std::size_t>(k_max + 1) *
+                                  static_cast<std::size_t>(head.config.state_width());
+  const std::size_t logit_words = static_cast<std::size_t>(k_max) * 4 * V;
+  for (int s = 0; s < steps; ++s) {
+    const std::int32_t k = s % (k_max + 1);
+    EXPECT_EQ(replay.speculate(rq, rs, k), eager.speculate(eq, es, k)) << "step " << s;
+    const auto la = replay.download(replay.proposer->draft_logits(), logit_words);
+    const auto lb = eager.download(eager.proposer->draft_logits(), logit_words);
+    EXPECT_TRUE(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0)
+        << "step " << s << ": draft logits differ";
+    EXPECT_EQ(replay.download(replay.eagle().carry(), carry_words),
+              eager.download(eager.eagle().carry(), carry_words))
+        << "step " << s << ": carried states differ";
+  }
+  EXPECT_EQ(replay.graph_steps, replay.steps - 1);  // all but the prefill replayed
+  EXPECT_EQ(eager.graph_steps, 0);
+}
 
 }  // namespace graphdecode::testing

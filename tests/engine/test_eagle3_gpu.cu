@@ -256,30 +256,8 @@ TEST_F(Eagle3Gpu, GraphReplayEqualsEagerBitwise) {
   const EagleWeights head = synthetic_eagle3_weights(config, rng());
   const auto prompts = prompts_for(config, rng);
   const std::int32_t kmax = 4;
-  SpecRun replay(target, head, 4, kmax, true), eager(target, head, 4, kmax, false);
-  std::vector<StepRequest> rq, eq;
-  std::vector<SpecRequestState> rs, es;
-  replay.prefill(prompts, rq, rs);
-  eager.prefill(prompts, eq, es);
-  const auto V = static_cast<std::size_t>(config.vocab_size);
-  const std::size_t carry_words = static_cast<std::size_t>(replay.cap.max_slots) * (kmax + 1) *
-                                  static_cast<std::size_t>(head.config.state_width());
-  const int steps = testing::sanitize_mode() ? 4 : 12;
-  for (int s = 0; s < steps; ++s) {
-    const std::int32_t k = s % (kmax + 1);
-    const auto a = replay.speculate(rq, rs, k);
-    const auto b = eager.speculate(eq, es, k);
-    EXPECT_EQ(a, b) << "step " << s;
-    const auto la = replay.download(replay.proposer->draft_logits(), kmax * 4 * V);
-    const auto lb = eager.download(eager.proposer->draft_logits(), kmax * 4 * V);
-    EXPECT_TRUE(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0)
-        << "step " << s << ": draft logits differ";
-    EXPECT_EQ(replay.download(replay.eagle().carry(), carry_words),
-              eager.download(eager.eagle().carry(), carry_words))
-        << "step " << s << ": carried states differ";
-  }
-  EXPECT_EQ(replay.graph_steps, replay.steps - 1);  // all but the prefill replayed
-  EXPECT_EQ(eager.graph_steps, 0);
+  testing::expect_eagle_replay_equals_eager(target, head, prompts, kmax,
+                                            testing::sanitize_mode() ? 4 : 12);
 }
 
 // ---- speculative greedy decoding with an EAGLE-3 head equals plain greedy -----------------------
