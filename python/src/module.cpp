@@ -310,9 +310,11 @@ NB_MODULE(_graphdecode, m) {
       });
 
   nb::class_<EagleWeights>(m, "EagleHead",
-                           "An EAGLE-1/2 draft head in host memory (bf16): fc over the token "
-                           "embedding and the target's hidden state, one decoder layer, the "
-                           "target's lm_head.")
+                           "An EAGLE draft head in host memory (bf16). EAGLE-1/2: fc over the "
+                           "token embedding and the target's hidden state, one decoder layer, the "
+                           "target's lm_head. EAGLE-3: fc over three of the target's layers, one "
+                           "decoder layer over (embedding, state), its own lm_head over a draft "
+                           "vocabulary mapped to target ids by d2t.")
       .def_static(
           "load",
           [](const std::string& dir) {
@@ -326,7 +328,22 @@ NB_MODULE(_graphdecode, m) {
             nb::gil_scoped_release release;
             return synthetic_eagle_weights(target, seed);
           },
-          "target"_a, "seed"_a = 1, "A seeded random head for a target of this config.")
+          "target"_a, "seed"_a = 1, "A seeded random EAGLE-1/2 head for a target of this config.")
+      .def_static(
+          "synthetic3",
+          [](const ModelConfig& target, std::uint64_t seed, std::int32_t draft_vocab_size) {
+            nb::gil_scoped_release release;
+            return synthetic_eagle3_weights(target, seed, draft_vocab_size);
+          },
+          "target"_a, "seed"_a = 1, "draft_vocab_size"_a = 0,
+          "A seeded random EAGLE-3 head for a target of this config (draft vocabulary: "
+          "draft_vocab_size ids, 0 = half the target's).")
+      .def_prop_ro("version", [](const EagleWeights& w) { return w.config.eagle3() ? 3 : 1; })
+      .def_prop_ro("draft_vocab_size",
+                   [](const EagleWeights& w) {
+                     return w.config.eagle3() ? w.config.draft_vocab_size
+                                              : w.config.layer.vocab_size;
+                   })
       .def_prop_ro("hidden_size", [](const EagleWeights& w) { return w.config.layer.hidden_size; })
       .def_prop_ro("vocab_size", [](const EagleWeights& w) { return w.config.layer.vocab_size; })
       .def_prop_ro("fc_bias", [](const EagleWeights& w) { return w.config.fc_bias; })

@@ -251,6 +251,15 @@ def test_eagle_heads_load_and_name_their_faults(tmp_path):
     assert field_of(gd.EagleHead.load, str(tmp_path / "missing")) == "path"
     gd.check_engine_options(speculative=gd.Speculative(max_draft_tokens=3, proposer="eagle"))
     assert field_of(gd.Engine, gd.Weights.synthetic(SMALL, seed=1), eagle=42) == "eagle"
+    assert head.version == 1 and head.draft_vocab_size == SMALL.vocab_size
+
+
+def test_eagle3_heads_have_a_draft_vocabulary():
+    head = gd.EagleHead.synthetic3(SMALL, seed=3, draft_vocab_size=100)
+    assert head.version == 3 and head.draft_vocab_size == 100
+    assert head.hidden_size == SMALL.hidden_size and head.vocab_size == SMALL.vocab_size
+    assert {"fc.weight", "midlayer.hidden_norm.weight", "lm_head.weight"} <= set(head.tensor_names)
+    assert field_of(gd.EagleHead.synthetic3, SMALL, 1, SMALL.vocab_size + 1) == "draft_vocab_size"
 
 
 def test_good_engine_options_convert():

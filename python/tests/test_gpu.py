@@ -244,6 +244,10 @@ def test_eagle_speculation_keeps_greedy_tokens(weights, engine, use_graphs):
         assert e.generate(prompts, max_new_tokens=10) == plain  # a random head: drafts rejected
         s = e.stats()
         assert s.spec_rows > 0 and len(s.drafted_at) == 3
+    head3 = gd.EagleHead.synthetic3(weights.config, seed=6)
+    with gd.Engine(weights, eagle=head3, speculative=spec, use_graphs=use_graphs, **OPTS) as e:
+        assert e.generate(prompts, max_new_tokens=10) == plain  # EAGLE-3: the same, lossless
+        assert e.stats().spec_rows > 0
     with pytest.raises(gd.Error) as info:  # the head must fit the target
         gd.Engine(weights, eagle=gd.EagleHead.synthetic(gd.ModelConfig.llama_1b()),
                   speculative=spec, **OPTS)
