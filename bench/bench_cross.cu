@@ -365,12 +365,5 @@ int run_main(int argc, char** argv) {
 }  // namespace graphdecode::bench
 
 int main(int argc, char** argv) {
-  // Line-buffered even into a pipe, so a run cut short by `timeout` still shows its finished rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
-    return graphdecode::bench::run_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_cross: %s\n", e.what());
-    return 1;
-  }
+  return graphdecode::bench::bench_main("bench_cross", argc, argv, graphdecode::bench::run_main);
 }

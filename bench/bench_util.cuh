@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -152,6 +154,18 @@ std::vector<std::int32_t> parse_list(const std::string& flag, const std::string&
   }
   GD_REQUIRE(!v.empty(), flag, text, "empty list");
   return v;
+}
+
+// A bench's main: stdout line-buffered (so a run cut short by `timeout` still shows the rows it
+// finished), then run(argc, argv); an exception is printed as "<name>: <what>", exit status 1.
+inline int bench_main(const char* name, int argc, char** argv, int (*run)(int, char**)) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace

@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -53,7 +52,7 @@ import transformers
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import make_prompts, task_batch, train  # noqa: E402
+from hf_parity import make_prompts, run_checked, task_batch, train  # noqa: E402
 from hf_spec_parity import greedy, make_pair  # noqa: E402
 
 
@@ -381,9 +380,7 @@ def compare_drafts(head, target, prompts, meta, k, tol_rel):
 def run_ours(binary, target_dir, head_dir, prompts_file, new_tokens, k, graphs, out):
     cmd = [binary, "--checkpoint", target_dir, "--eagle", head_dir, "--prompts", prompts_file,
            "--new-tokens", str(new_tokens), "--graphs", graphs, "--out", out, "--k", str(k)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    run_checked(cmd)
     return json.load(open(out + ".json"))
 
 

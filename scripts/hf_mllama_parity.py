@@ -38,7 +38,6 @@ Flags: --train-steps (default 2000), --train-batch (32 per task), --new-tokens (
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import margin, worst_rel  # noqa: E402
+from hf_parity import margin, run_checked, worst_rel  # noqa: E402
 
 VOCAB = 512
 IMAGE_TOKEN = VOCAB          # the first of the 8 input-only ids
@@ -245,9 +244,7 @@ def run_ours(binary, ckpt, prompts_file, enc_file, lens, new_tokens, graphs, out
         cmd += ["--encoder-first-positions", ",".join(map(str, firsts))]
     if control >= 0:
         cmd += ["--control-encoder-len-of", str(control)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    run_checked(cmd)
     meta = json.load(open(out + ".json"))
     raw = np.fromfile(out + ".f32", dtype=np.float32)
     return meta, raw.reshape(meta["steps"], meta["batch"], meta["vocab"])

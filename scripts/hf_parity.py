@@ -143,12 +143,17 @@ def hf_eval(cls, ckpt, dtype, prompts, new_tokens, device, **config_overrides):
         return hf_generate(model, prompts, new_tokens, device)
 
 
-def run_ours(binary, ckpt, prompts_file, new_tokens, graphs, out):
-    cmd = [binary, "--checkpoint", ckpt, "--prompts", prompts_file, "--new-tokens",
-           str(new_tokens), "--graphs", graphs, "--out", out]
+def run_checked(cmd):
+    """Runs the parity binary; its output (stdout and stderr) goes into the error if it fails."""
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+
+
+def run_ours(binary, ckpt, prompts_file, new_tokens, graphs, out):
+    cmd = [binary, "--checkpoint", ckpt, "--prompts", prompts_file, "--new-tokens",
+           str(new_tokens), "--graphs", graphs, "--out", out]
+    run_checked(cmd)
     meta = json.load(open(out + ".json"))
     raw = np.fromfile(out + ".f32", dtype=np.float32)
     return meta, raw.reshape(meta["steps"], meta["batch"], meta["vocab"])

@@ -18,7 +18,6 @@ step). The trained checkpoints stay in --workdir for bench/ (bench_spec.py uses 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -27,7 +26,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import PROMPT_LENS, make_prompts, train  # noqa: E402
+from hf_parity import PROMPT_LENS, make_prompts, run_checked, train  # noqa: E402
 
 
 def make_pair(init_range, hidden=512, layers=4, draft_hidden=256, draft_layers=2):
@@ -63,9 +62,7 @@ def run_ours(binary, ckpt, draft, prompts_file, new_tokens, k, graphs, out):
     cmd = [binary, "--checkpoint", ckpt, "--prompts", prompts_file, "--new-tokens",
            str(new_tokens), "--graphs", graphs, "--out", out, "--k", str(k)]
     cmd += ["--draft", draft] if draft else ["--lookup"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    run_checked(cmd)
     return json.load(open(out + ".json"))
 
 

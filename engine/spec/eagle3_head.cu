@@ -21,16 +21,7 @@ void EagleHead::forward3(const ModelRuntime& rt, const StepMetaView& m,
   const std::int32_t h = c.hidden_size, s = config_.state_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  EmbeddingArgs e;
-  e.table = embed_;
-  e.token_ids = token_ids;
-  e.out = emb_.data();
-  e.error_flag = bad_token_.data();
-  e.num_rows = num_tokens;
-  e.max_rows = rows;
-  e.vocab = c.vocab_size;
-  e.hidden = h;
-  embedding(e, stream);
+  embed(token_ids, num_tokens, rows, stream);
   // x (residual_): the head's own previous output as it is (draft decodes), or fc over the
   // target's three captured states (the extend over committed tokens, a prefill chunk).
   if (in.rows != nullptr) {

@@ -6,7 +6,6 @@
 #include <random>
 #include <sstream>
 
-#include "attention/reference.h"  // host bf16 conversions
 #include "common/error.h"
 #include "engine/spec/eagle_weights.h"
 
@@ -304,17 +303,7 @@ EagleWeights synthetic_eagle3_weights(const ModelConfig& target, std::uint64_t s
   ids.resize(static_cast<std::size_t>(c.draft_vocab_size));
   std::sort(ids.begin(), ids.end());
   w.draft_to_target = ids;
-  const std::uint16_t one = reference::float_to_bf16(1.0f);
-  for (const TensorSpec& s : eagle3_expected_tensors(c)) {
-    HostTensor& t = w.tensors[s.name];
-    t.shape = s.shape;
-    const auto n = static_cast<std::size_t>(t.numel());
-    if (s.name.ends_with("norm.weight")) {
-      t.data.assign(n, one);
-    } else {
-      t.data = synthetic::normal_values("eagle3." + s.name, n, seed);
-    }
-  }
+  eagle3_detail::fill_synthetic_tensors(w, eagle3_expected_tensors(c), "eagle3.", seed);
   return w;
 }
 

@@ -195,16 +195,7 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = c.hidden_size;
 
-  EmbeddingArgs e;
-  e.table = embed_;
-  e.token_ids = token_ids;
-  e.out = emb_.data();
-  e.error_flag = bad_token_.data();
-  e.num_rows = num_tokens;
-  e.max_rows = rows;
-  e.vocab = c.vocab_size;
-  e.hidden = h;
-  embedding(e, stream);
+  embed(token_ids, num_tokens, rows, stream);
   ConcatParams cp{reinterpret_cast<const uint4*>(emb_.data()),
                   in,
                   reinterpret_cast<uint4*>(cat_.data()),
@@ -235,6 +226,21 @@ void EagleHead::forward(const ModelRuntime& rt, const StepMetaView& m,
   gemm_.run({out_.data(), target_.weights().lm_head(), logits, logit_rows, h, c.vocab_size,
              GemmOut::kF32},
             stream);
+}
+
+void EagleHead::embed(const std::int32_t* token_ids, const std::int32_t* num_tokens,
+                      std::int32_t rows, cudaStream_t stream) {
+  const ModelConfig& c = config_.layer;
+  EmbeddingArgs e;
+  e.table = embed_;
+  e.token_ids = token_ids;
+  e.out = emb_.data();
+  e.error_flag = bad_token_.data();
+  e.num_rows = num_tokens;
+  e.max_rows = rows;
+  e.vocab = c.vocab_size;
+  e.hidden = c.hidden_size;
+  embedding(e, stream);
 }
 
 void EagleHead::attention(const ModelRuntime& rt, const StepMetaView& m, const std::uint16_t* in,

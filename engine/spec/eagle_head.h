@@ -71,6 +71,9 @@ class EagleHead {
   void forward3(const ModelRuntime& runtime, const StepMetaView& meta,
                 const std::int32_t* token_ids, const HiddenInput& hidden, std::int32_t rows,
                 std::int32_t logit_rows, float* logits, cudaStream_t stream);
+  // emb_ = the embedding rows of token_ids (bad ids raise the bad-token flag).
+  void embed(const std::int32_t* token_ids, const std::int32_t* num_tokens, std::int32_t rows,
+             cudaStream_t stream);
   // qkv = in * Wqkv^T (in: [rows][in_dim]), RoPE, K/V into the pool, attention, o projection
   // into proj_ (+ o bias).
   void attention(const ModelRuntime& runtime, const StepMetaView& meta, const std::uint16_t* in,

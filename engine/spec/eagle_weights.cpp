@@ -167,18 +167,27 @@ EagleWeights synthetic_eagle_weights(const ModelConfig& target, std::uint64_t se
   c.layer.tie_word_embeddings = false;
   c.fc_bias = true;
   c.validate();
+  eagle3_detail::fill_synthetic_tensors(w, eagle_expected_tensors(c), "eagle.", seed);
+  return w;
+}
+
+namespace eagle3_detail {
+
+void fill_synthetic_tensors(EagleWeights& w, const std::vector<TensorSpec>& specs,
+                            const std::string& prefix, std::uint64_t seed) {
   const std::uint16_t one = reference::float_to_bf16(1.0f);
-  for (const TensorSpec& s : eagle_expected_tensors(c)) {
+  for (const TensorSpec& s : specs) {
     HostTensor& t = w.tensors[s.name];
     t.shape = s.shape;
     const auto n = static_cast<std::size_t>(t.numel());
     if (s.name.ends_with("norm.weight")) {
       t.data.assign(n, one);
     } else {
-      t.data = synthetic::normal_values("eagle." + s.name, n, seed);
+      t.data = synthetic::normal_values(prefix + s.name, n, seed);
     }
   }
-  return w;
 }
+
+}  // namespace eagle3_detail
 
 }  // namespace graphdecode

@@ -153,6 +153,10 @@ void validate(const EagleConfig& config);
 void check_fits(const EagleConfig& head, const ModelConfig& target);
 // draft_to_target has draft_vocab_size distinct ids in [0, vocab) (field "d2t[i]").
 void check_draft_to_target(const EagleWeights& weights, std::int32_t vocab);
+// The synthetic heads' tensors (engine/spec/eagle_weights.cpp): norms 1, the rest seeded
+// N(0, 0.02^2) values named `prefix` + the tensor's name.
+void fill_synthetic_tensors(EagleWeights& weights, const std::vector<TensorSpec>& specs,
+                            const std::string& prefix, std::uint64_t seed);
 }  // namespace eagle3_detail
 
 }  // namespace graphdecode

@@ -82,15 +82,8 @@ std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
     const Vec o = linear(wo, attn, H);
     Vec r(H);
     for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
-    const Vec hn = rmsnormed(r.data(), H, post, eps);
-    const Vec gt = linear(wg, hn, inter);
-    const Vec up = linear(wu, hn, inter);
-    Vec act(inter);
-    for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
-    const Vec m = linear(wd, act, H);
     Eagle3ReferenceRow row;
-    row.y.resize(H);
-    for (std::size_t i = 0; i < H; ++i) row.y[i] = r[i] + m[i];
+    row.y = refmath::swiglu_block(r, post, wg, wu, wd, inter, eps);
     row.draft_logits = linear(lm, rmsnormed(row.y.data(), H, fnorm, eps), DV);
     row.draft_id = static_cast<std::int32_t>(
         std::max_element(row.draft_logits.begin(), row.draft_logits.end()) -

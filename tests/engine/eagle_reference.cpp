@@ -74,15 +74,8 @@ std::vector<EagleReferenceRow> reference_eagle(const EagleWeights& head, const H
     const Vec o = linear(wo, attn, H);
     Vec r(H);
     for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
-    const Vec hn = rmsnormed(r, post, eps);
-    const Vec gt = linear(wg, hn, inter);
-    const Vec up = linear(wu, hn, inter);
-    Vec act(inter);
-    for (std::size_t i = 0; i < inter; ++i) act[i] = gt[i] / (1.0 + std::exp(-gt[i])) * up[i];
-    const Vec m = linear(wd, act, H);
     EagleReferenceRow row;
-    row.y.resize(H);
-    for (std::size_t i = 0; i < H; ++i) row.y[i] = r[i] + m[i];
+    row.y = refmath::swiglu_block(r, post, wg, wu, wd, inter, eps);
     row.logits = linear(lm_w, row.y, V);
     out.push_back(std::move(row));
   }

@@ -1,6 +1,6 @@
 // The float64 references' shared arithmetic (llama_reference.cpp, eagle_reference.cpp,
-// eagle3_reference.cpp): bf16 weights read as doubles, a dense layer, RMSNorm, RoPE and causal
-// grouped-query attention, nothing rounded on the way.
+// eagle3_reference.cpp): bf16 weights read as doubles, a dense layer, RMSNorm, RoPE, causal
+// grouped-query attention and the SwiGLU MLP block, nothing rounded on the way.
 #pragma once
 
 #include <algorithm>
@@ -92,6 +92,20 @@ inline Vec causal_gqa_attention(const std::vector<Vec>& q, const std::vector<Vec
       for (std::size_t i = 0; i < d; ++i) attn[h * d + i] += s[m] / den * v[m][g * d + i];
   }
   return attn;
+}
+
+// x + down(silu(gate(n)) * up(n)) with n = RMSNorm(x) * norm: a Llama MLP block and its residual.
+inline Vec swiglu_block(const Vec& x, const Vec& norm, const Vec& wg, const Vec& wu, const Vec& wd,
+                        std::size_t inter, double eps) {
+  const Vec n = rmsnormed(x, norm, eps);
+  const Vec gate = linear(wg, n, inter);
+  const Vec up = linear(wu, n, inter);
+  Vec act(inter);
+  for (std::size_t i = 0; i < inter; ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  const Vec m = linear(wd, act, x.size());
+  Vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] + m[i];
+  return y;
 }
 
 }  // namespace graphdecode::testing::refmath

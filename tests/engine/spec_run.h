@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "attention_check.h"  // Rng
 #include "common/cuda_check.h"
 #include "common/stream.h"
 #include "engine/llama_model.h"
@@ -24,6 +25,18 @@
 #include "graphs/step_graphs.h"
 
 namespace graphdecode::testing {
+
+// The speculative tests' prompts: four of lengths 5, 40, 77 and 33 (small_test_config's window is
+// 32: three of them are longer), ids uniform in [0, vocab).
+inline std::vector<std::vector<std::int32_t>> spec_prompts(const ModelConfig& c, Rng& rng) {
+  std::vector<std::vector<std::int32_t>> p;
+  for (std::int32_t len : {5, 40, 77, 33}) {
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(len));
+    for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % c.vocab_size);
+    p.push_back(prompt);
+  }
+  return p;
+}
 
 struct SpecRun {
   RuntimeOptions options;

@@ -46,16 +46,6 @@ double bf16(std::uint16_t b) {
   return reference::bf16_to_float(b);
 }
 
-std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c, testing::Rng& rng) {
-  std::vector<std::vector<std::int32_t>> p;
-  for (std::int32_t len : {5, 40, 77, 33}) {  // window 32: three of them longer
-    std::vector<std::int32_t> prompt(static_cast<std::size_t>(len));
-    for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % c.vocab_size);
-    p.push_back(prompt);
-  }
-  return p;
-}
-
 // Norm weights 1 + N(0, 0.25), so a norm applied in the wrong place shows in the drafts.
 void vary_norms(EagleWeights& h, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -74,7 +64,7 @@ TEST_F(Eagle3Gpu, CapturedStatesAreTheResidualStreamEnteringTheLayers) {
   const HostWeights target = synthetic_weights(config, rng());
   const EagleWeights head = synthetic_eagle3_weights(config, rng());
   const std::array<std::int32_t, 3> points = eagle3_capture_layers(head.config, config);
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   SpecRun run(target, head, 4, 2, true);
   std::vector<StepRequest> req;
   std::vector<SpecRequestState> state;
@@ -144,7 +134,7 @@ TEST_P(Eagle3Reference, DraftsMatchTheFloat64Reference) {
   EagleWeights head = synthetic_eagle3_weights(config, rng(), 200);
   vary_norms(head, rng());
   if (GetParam()) head = with_embedding_and_bias(head, rng());
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t k = 3;
   SpecRun run(target, head, 4, k, true);
   const auto H = static_cast<std::size_t>(config.hidden_size), S = 3 * H;
@@ -254,7 +244,7 @@ TEST_F(Eagle3Gpu, GraphReplayEqualsEagerBitwise) {
   const ModelConfig config = small_test_config();
   const HostWeights target = synthetic_weights(config, rng());
   const EagleWeights head = synthetic_eagle3_weights(config, rng());
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t kmax = 4;
   testing::expect_eagle_replay_equals_eager(target, head, prompts, kmax,
                                             testing::sanitize_mode() ? 4 : 12);
@@ -304,7 +294,7 @@ TEST_P(Eagle3Greedy, TokensEqualPlainGreedyDecoding) {
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
   const std::uint64_t seed = rng();
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t new_tokens = testing::sanitize_mode() ? 12 : 128;
   const bool graphs = GetParam();
   Stream stream;

@@ -115,16 +115,6 @@ TEST_F(EagleGpu, EaglePrepMatchesItsCpuTwin) {
   }
 }
 
-std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c, testing::Rng& rng) {
-  std::vector<std::vector<std::int32_t>> p;
-  for (std::int32_t len : {5, 40, 77, 33}) {  // window 32: three of them longer
-    std::vector<std::int32_t> prompt(static_cast<std::size_t>(len));
-    for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % c.vocab_size);
-    p.push_back(prompt);
-  }
-  return p;
-}
-
 // A head with an input norm and its own embedding (both optional in EAGLE checkpoints).
 EagleWeights with_input_norm_and_embedding(EagleWeights h, std::uint64_t seed) {
   const auto H = static_cast<std::size_t>(h.config.layer.hidden_size);
@@ -153,7 +143,7 @@ TEST_P(EagleReference, DraftLogitsAndCarriedStatesMatch) {
   const HostWeights target = synthetic_weights(config, rng());
   EagleWeights head = synthetic_eagle_weights(config, rng());
   if (GetParam()) head = with_input_norm_and_embedding(head, rng());
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t k = 3;
   SpecRun run(target, head, 4, k, true);
   const auto H = static_cast<std::size_t>(config.hidden_size);
@@ -264,7 +254,7 @@ TEST_F(EagleGpu, GraphReplayEqualsEagerBitwise) {
   const ModelConfig config = small_test_config();
   const HostWeights target = synthetic_weights(config, rng());
   const EagleWeights head = synthetic_eagle_weights(config, rng());
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t kmax = 4;
   testing::expect_eagle_replay_equals_eager(target, head, prompts, kmax,
                                             testing::sanitize_mode() ? 4 : 12);
@@ -298,7 +288,7 @@ TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
   const std::uint64_t seed = rng();
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t new_tokens = testing::sanitize_mode() ? 12 : 128;
   const bool graphs = GetParam();
   Stream stream;

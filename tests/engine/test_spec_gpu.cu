@@ -182,16 +182,6 @@ TEST_F(SpecGpu, PromptLookupProposesWhatTheCpuRuleProposes) {
 
 using testing::SpecRun;
 
-std::vector<std::vector<std::int32_t>> prompts_for(const ModelConfig& c, testing::Rng& rng) {
-  std::vector<std::vector<std::int32_t>> p;
-  for (std::int32_t len : {5, 40, 77, 33}) {  // window 32: three of them longer
-    std::vector<std::int32_t> prompt(static_cast<std::size_t>(len));
-    for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % c.vocab_size);
-    p.push_back(prompt);
-  }
-  return p;
-}
-
 class SpecGreedy : public SpecGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
@@ -200,7 +190,7 @@ TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
   const std::uint64_t seed = rng();
   const HostWeights target = synthetic_weights(config, seed);
-  const auto prompts = prompts_for(config, rng);
+  const auto prompts = testing::spec_prompts(config, rng);
   const std::int32_t new_tokens = testing::sanitize_mode() ? 12 : 64;
   Stream stream;
   GenerateOptions go;
