@@ -186,12 +186,15 @@ TEST_P(PrefixCacheOnOff, GreedyTokensEqualTheCacheOffEngine) {
   all.insert(all.end(), early.begin(), early.end());
   all.insert(all.end(), late.begin(), late.end());
   ASSERT_EQ(on.size(), all.size());
-  int differ = 0;
+  std::vector<std::vector<std::int32_t>> prompts;
   for (std::size_t i = 0; i < all.size(); ++i) {
-    differ += on[i] != off[i];
     expect_greedy_confirmed(w, all[i].prompt, on[i], "request " + std::to_string(i));
+    prompts.push_back(all[i].prompt);
   }
-  EXPECT_LE(differ, 1) << "divergences beyond a rare near-tie";
+  // Where the two engines part (different prefill chunk shapes, so different bf16 rounding), the
+  // float64 reference must show a near-tie at that token; a wrong cached page is not one. Random
+  // synthetic weights make near-ties common: 2 of 10 requests were seen in one memcheck run.
+  EXPECT_LE(testing::compare_with_plain(w, prompts, on, off, c.name), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, PrefixCacheOnOff,
