@@ -332,15 +332,24 @@ int run_main(int argc, char** argv) {
 
   Timer t(reps, flush, static_cast<std::size_t>(dev.l2CacheSize), s);
   std::vector<Result> rs;
+  // A progress line per cell and the JSON rewritten after each: an 8B sweep takes minutes, and a
+  // run stopped by a time limit keeps the cells it measured.
   for (std::int32_t b : batches)
-    for (std::int32_t l : contexts) rs.push_back(bench_shape(weights, b, l, reps, copy_gbps, t, s));
+    for (std::int32_t l : contexts) {
+      const auto start = std::chrono::steady_clock::now();
+      rs.push_back(bench_shape(weights, b, l, reps, copy_gbps, t, s));
+      const Result& r = rs.back();
+      std::fprintf(stderr, "bench_decode: B=%d L=%d %s in %.1f s\n", b, l,
+                   r.skipped ? "skipped" : "measured",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (!json.empty()) write_json(json, shape, dev, config, copy_gbps, reps, flush, rs);
+    }
   std::printf(
       "sampled rows: temperature %.1f, top-k %d, top-p %.2f, seed %llu + row; greedy rows: "
       "temperature 0\n",
       kSampled.temperature, kSampled.top_k, kSampled.top_p,
       static_cast<unsigned long long>(kSampled.seed));
   print_table(rs);
-  if (!json.empty()) write_json(json, shape, dev, config, copy_gbps, reps, flush, rs);
   const bool all_sane =
       std::all_of(rs.begin(), rs.end(), [](const Result& r) { return r.skipped || r.sane; });
   if (!all_sane)

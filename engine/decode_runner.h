@@ -40,6 +40,10 @@ class DecodeRunner : public StepRunner {
   KvLedger& ledger() override { return step_->ledger(); }
   const StepGraphs& graphs() const override { return *graphs_; }
   const LlamaModel& model() const override { return *model_; }
+  const ModelRuntime& runtime(std::int32_t model) const override {
+    GD_REQUIRE(model == 0, "model", model, "plain decoding runs one model (0)");
+    return *runtime_;
+  }
 
  private:
   cudaStream_t stream_;

@@ -197,6 +197,11 @@ class Engine {
   const LlamaModel& model() const noexcept { return runner_->model(); }
   const StepGraphs& graphs() const noexcept { return runner_->graphs(); }
   const KvLedger& ledger() const noexcept { return runner_->ledger(); }
+  // The device pool behind the ledger's pool `pool` (tests read its pages).
+  const KvPool& kv_pool(std::int32_t pool) const {
+    const LedgerPool& c = runner_->ledger().config(pool);
+    return runner_->runtime(c.group).pool(c.geometry.kind);
+  }
   bool speculative() const noexcept { return config_.speculative.max_draft_tokens > 0; }
   cudaStream_t stream() const noexcept { return stream_; }
   // The plan of the step whose tokens step() delivered last: its kind and request ids in the

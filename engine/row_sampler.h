@@ -27,7 +27,10 @@ struct SamplingWords {
   static constexpr std::int32_t kSeedLo = 3;       // seed, low 32 bits
   static constexpr std::int32_t kSeedHi = 4;       // seed, high 32 bits
   static constexpr std::int32_t kAcceptLimit = 5;  // drafts a speculative step may accept; < 0 all
-  static constexpr std::int32_t kCount = 6;
+  // 1: this prefill chunk starts at the request's prefix hit (an EAGLE head drops its row 0:
+  // engine/spec/eagle_rules.h); written by the speculative runner, 0 otherwise.
+  static constexpr std::int32_t kStartsAtHit = 6;
+  static constexpr std::int32_t kCount = 7;
 
   // Writes the words of one request into `out` ([kCount]).
   static void write(const SamplingParams& p, std::int32_t accept_limit,
@@ -38,6 +41,7 @@ struct SamplingWords {
     out[kSeedLo] = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.seed));
     out[kSeedHi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.seed >> 32));
     out[kAcceptLimit] = accept_limit;
+    out[kStartsAtHit] = 0;
   }
 };
 

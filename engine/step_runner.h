@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "engine/llama_model.h"
+#include "engine/runtime/model_runtime.h"
 #include "engine/scheduler.h"
 #include "graphs/step_graphs.h"
 #include "memory/kv_ledger.h"
@@ -57,6 +58,9 @@ class StepRunner {
   virtual KvLedger& ledger() = 0;
   virtual const StepGraphs& graphs() const = 0;
   virtual const LlamaModel& model() const = 0;  // the target
+  // The runtime of model `model` of the step (0 = the target, 1 = a draft or EAGLE head): its
+  // KV pools, for tests that read pages.
+  virtual const ModelRuntime& runtime(std::int32_t model) const = 0;
 };
 
 inline void StepRunner::launch(const StepPlan& plan, const Scheduler& scheduler) {

@@ -35,6 +35,9 @@ KvLedger::KvLedger(std::span<const LedgerPool> pools) : pools_(pools.begin(), po
     GD_REQUIRE(p.max_commands >= RequestSlots::kMaxCommandsPerOp,
                pool_name(at, p.geometry) + ".max_commands", p.max_commands,
                "a step must fit at least one extend");
+    GD_REQUIRE(p.key_shift == 0 || (p.key_shift == 1 && p.geometry.kind == AttentionKind::kFull),
+               pool_name(at, p.geometry) + ".key_shift", p.key_shift,
+               "0, or 1 for a full pool (pages named by the next page's key)");
     GD_REQUIRE(p.geometry.kind != AttentionKind::kSliding || p.max_step_tokens >= 1,
                pool_name(at, p.geometry) + ".max_step_tokens", p.max_step_tokens,
                "a sliding pool needs the most tokens a request adds in one step");
@@ -214,8 +217,9 @@ bool KvLedger::fits(const KvReservation& r, std::span<const PageKey> keys, std::
     }
     const PrefixCache& c = *caches_[static_cast<std::size_t>(i)];
     std::int32_t unheld = 0;  // hit pages only the cache holds: adopting takes them off the free
+    const std::int32_t shift = pools_[i].key_shift;
     for (std::int32_t j = 0; j < n; ++j)
-      unheld += c.refs(c.find(keys[static_cast<std::size_t>(j)])) == 0;
+      unheld += c.refs(c.find(keys[static_cast<std::size_t>(j + shift)])) == 0;
     if (unallocated_reservations(i) + (need_[i] - n) > slots_[i]->available_pages() - unheld)
       return false;
   }
@@ -383,9 +387,12 @@ std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys, bool within_b
   for (std::int32_t i = 0; i < num_pools(); ++i) {
     const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
     if (!c || pools_[i].geometry.kind != AttentionKind::kFull) continue;
-    most = std::min({most, pools_[i].geometry.max_pages_per_slot, budget(i)});
+    const std::int32_t shift = pools_[i].key_shift;
+    most = std::min({most, pools_[i].geometry.max_pages_per_slot, budget(i),
+                     static_cast<std::int32_t>(keys.size()) - shift});
     std::int32_t j = 0;
-    while (j < most && c->find(keys[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage) ++j;
+    while (j < most && c->find(keys[static_cast<std::size_t>(j + shift)]) != PrefixCache::kNoPage)
+      ++j;
     most = j;
   }
   // A sliding pool serves n when the pages [first needed at n, n) are all present: a run of
@@ -429,9 +436,13 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
     GD_REQUIRE(n <= g.max_pages_per_slot, "prefix_pages", n,
                "exceeds the slot capacity of " + pool_name(i, g));
     const std::int32_t first = first_needed_page(g, n * g.page_size);
+    const std::int32_t shift = pools_[i].key_shift;
+    GD_REQUIRE(static_cast<std::size_t>(n + shift) <= keys.size(), "prefix_pages", n,
+               "needs the key of the page after it in " + pool_name(i, g));
     for (std::int32_t j = first; j < n; ++j)
-      GD_REQUIRE(c->find(keys[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage, "prefix_pages",
-                 n, "page " + std::to_string(j) + " is not cached in " + pool_name(i, g));
+      GD_REQUIRE(c->find(keys[static_cast<std::size_t>(j + shift)]) != PrefixCache::kNoPage,
+                 "prefix_pages", n,
+                 "page " + std::to_string(j) + " is not cached in " + pool_name(i, g));
     const std::int32_t reserved =
         reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
     GD_REQUIRE(reserved < 0 || n - first <= reserved, "prefix_pages", n,
@@ -447,8 +458,10 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
     if (!c) continue;
     const PoolGeometry& g = pools_[i].geometry;
     const std::int32_t first = first_needed_page(g, n * g.page_size);
+    const std::int32_t shift = pools_[i].key_shift;
     for (std::int32_t j = first; j < n; ++j)
-      found_[static_cast<std::size_t>(j - first)] = c->find(keys[static_cast<std::size_t>(j)]);
+      found_[static_cast<std::size_t>(j - first)] =
+          c->find(keys[static_cast<std::size_t>(j + shift)]);
     adopt_left_[static_cast<std::size_t>(i)] -= n - first;
     slots_[i]->adopt(
         slot, n * g.page_size, first,
@@ -468,11 +481,15 @@ void KvLedger::publish_prefix(std::int32_t slot, std::span<const PageKey> keys, 
     if (!c) continue;
     const RequestSlots& s = *slots_[i];
     // Only the full pages this pool holds (a draft may hold fewer positions than its target;
-    // a sliding pool has returned the pages left of its window).
-    const std::int32_t stop = std::min(end, s.tokens(slot) / pools_[i].geometry.page_size);
+    // a sliding pool has returned the pages left of its window); a key_shift pool's page j under
+    // keys[j + 1], once it holds position (j + 1) * page_size (publish is idempotent: the page
+    // first - 1 may have been named by the previous call or adopted).
+    const std::int32_t shift = pools_[i].key_shift;
+    const std::int32_t held = s.tokens(slot) - shift;
+    const std::int32_t stop = std::min(end - shift, held / pools_[i].geometry.page_size);
     const auto row = s.row(slot);
-    for (std::int32_t j = std::max(first, s.first_resident_page(slot)); j < stop; ++j)
-      c->publish(row[static_cast<std::size_t>(j)], keys[static_cast<std::size_t>(j)]);
+    for (std::int32_t j = std::max(first - shift, s.first_resident_page(slot)); j < stop; ++j)
+      c->publish(row[static_cast<std::size_t>(j)], keys[static_cast<std::size_t>(j + shift)]);
   }
 }
 

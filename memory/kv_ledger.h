@@ -60,6 +60,13 @@ struct LedgerPool {
   // Page ids one step's image may spend on prefix hits (adopt_prefix) in this pool, on top of
   // what its extends need; 0: no budget of its own (only the command batch's room limits).
   std::int32_t adopt_page_ids = 0;
+  // 1: a page's K/V depend on the first token after it, so page j is named by keys[j + 1] (the
+  // chain key through the next page) instead of keys[j]. An EAGLE head's cache position p holds
+  // the pair (token p + 1, target state p) (engine/spec/eagle_rules.h): two prompts equal through
+  // a page but not at the token after it have different head pages, and a hit request must never
+  // write the last position of a page it shares. Such a page is matched and adopted under
+  // keys[j + 1] and published once the pool holds a position past it. Full pools only; 0 or 1.
+  std::int32_t key_shift = 0;
 };
 
 // The largest a request can grow: its reservation.
@@ -110,8 +117,9 @@ class KvLedger {
   // Does every self-attention pool cache prefixes (so that a hit is possible at all)?
   bool caches_prefixes() const noexcept { return caches_all_; }
   // The longest n <= keys.size() such that every self pool can serve a request whose first n
-  // pages have chain keys keys[0..n): a full pool holds pages [0, n), a sliding pool the pages
-  // covering the window at position n * page_size. 0 when the ledger caches no prefixes.
+  // pages have chain keys keys[0..n): a full pool holds pages [0, n) (a key_shift pool finds them
+  // under keys[1..n + 1), so n < keys.size() there), a sliding pool the pages covering the window
+  // at position n * page_size. 0 when the ledger caches no prefixes.
   // within_budget: also no more pages to adopt in any pool than its adopt_page_ids left this step.
   std::int32_t match_prefix(std::span<const PageKey> keys, bool within_budget = true) const;
   // Has a prefix hit spent adoption budget since the last clear_commands()?
@@ -122,6 +130,8 @@ class KvLedger {
   void adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t n);
   // Names the slot's full pages [first, end) by keys[first..end) in every caching pool (pages a
   // sliding pool already returned are skipped). Only for pages whose K/V are written and final.
+  // A key_shift pool names pages [first - 1, end - 1) by keys[first..end), each only once the
+  // pool holds a position past it (its last position is written after the token after it).
   void publish_prefix(std::int32_t slot, std::span<const PageKey> keys, std::int32_t first,
                       std::int32_t end);
   // Sum over the caching pools.

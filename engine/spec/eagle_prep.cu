@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads)
     eagle_prep_kernel(const __grid_constant__ EaglePrepParams p) {
   extern __shared__ std::int32_t z[];
   __shared__ std::int32_t max_q;
-  if (threadIdx.x == 0) max_q = eagle_rules::skip_scan(p.x, p.shift.max_batch, z);
+  if (threadIdx.x == 0) max_q = eagle_rules::skip_scan(p.x, p.shift, z);
   __syncthreads();
   const auto first = static_cast<std::int32_t>(threadIdx.x);
   eagle_rules::fill_shifted(p.x, p.extend, p.hid_src, z, max_q, p.shift, first, kThreads);
@@ -66,7 +66,8 @@ const StepMetaView& EaglePrep::decode(std::int32_t j) const {
 }
 
 void EaglePrep::enqueue(const StepMetaView& x, std::int32_t carry_rows, std::int32_t k,
-                        cudaStream_t stream) const {
+                        cudaStream_t stream, const std::int32_t* starts_at_hit,
+                        std::int32_t starts_at_hit_stride) const {
   GD_REQUIRE(k >= 0 && k <= max_draft_, "k", k, "outside [0, max_draft_tokens]");
   GD_REQUIRE(carry_rows >= 0 && carry_rows <= carry_stride_, "carry_rows", carry_rows,
              "outside [0, carry_stride]");
@@ -81,6 +82,8 @@ void EaglePrep::enqueue(const StepMetaView& x, std::int32_t carry_rows, std::int
   p.shift.max_logit_rows = cap.resolved_max_logit_rows();
   p.shift.carry_rows = carry_rows;
   p.shift.carry_stride = carry_stride_;
+  p.shift.starts_at_hit = starts_at_hit;
+  p.shift.starts_at_hit_stride = starts_at_hit_stride;
   p.phase.max_batch = cap.max_batch;
   p.phase.max_tokens = cap.max_tokens;
   p.phase.max_logit_rows = cap.resolved_max_logit_rows();

@@ -25,9 +25,12 @@ class EaglePrep {
 
   // Capture-safe: the head's extend from `x` (the step prep's block: a prefill chunk, or a
   // speculative step's draft-extend) whose first carry_rows rows per request read carried
-  // states, and its decodes 1 .. k - 1 (k = 0 or 1: none).
-  void enqueue(const StepMetaView& x, std::int32_t carry_rows, std::int32_t k,
-               cudaStream_t stream) const;
+  // states, and its decodes 1 .. k - 1 (k = 0 or 1: none). starts_at_hit (device, request r's
+  // word at r * starts_at_hit_stride; nullptr: none): requests whose chunk starts at their
+  // prefix hit, whose row 0 the head drops (eagle_rules.h).
+  void enqueue(const StepMetaView& x, std::int32_t carry_rows, std::int32_t k, cudaStream_t stream,
+               const std::int32_t* starts_at_hit = nullptr,
+               std::int32_t starts_at_hit_stride = 0) const;
 
   const StepMetaView& extend() const noexcept { return views_[0]; }
   const StepMetaView& decode(std::int32_t j) const;  // 1 <= j < max_draft_tokens
@@ -46,9 +49,11 @@ class EaglePrep {
   std::vector<StepMetaView> views_;     // [0] extend, [j] decode j
 };
 
-// CPU twin of EaglePrep::enqueue for tests: host blocks of StepMetaLayout::compute(cap).
+// CPU twin of EaglePrep::enqueue for tests: host blocks of StepMetaLayout::compute(cap);
+// starts_at_hit: one word per request (stride 1), or empty.
 void eagle_prep_host(const StepMetaView& x, const StepCapacity& cap, std::int32_t carry_rows,
                      std::int32_t carry_stride, std::int32_t k, const StepMetaView& extend,
-                     std::span<std::int32_t> hidden_source, std::span<const StepMetaView> decodes);
+                     std::span<std::int32_t> hidden_source, std::span<const StepMetaView> decodes,
+                     std::span<const std::int32_t> starts_at_hit = {});
 
 }  // namespace graphdecode

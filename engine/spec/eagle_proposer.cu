@@ -109,8 +109,10 @@ void EagleProposer::save_carry(const StepMetaView& meta, bool last_only, cudaStr
 
 void EagleProposer::prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) {
   // Row 0 of a request reads the state carried from its previous chunk, the others the state of
-  // the chunk's row before them (the target's forward of this step has written them).
-  prep_.enqueue(meta, 1, 0, stream);
+  // the chunk's row before them (the target's forward of this step has written them); a chunk at
+  // the request's prefix hit has no row 0 (the head holds that position in a shared page).
+  const std::int32_t* aux = runtime_.step().input().device_view().aux;
+  prep_.enqueue(meta, 1, 0, stream, aux + SamplingWords::kStartsAtHit, SamplingWords::kCount);
   const StepMetaView& x = prep_.extend();
   runtime_.plan(x, stream);
   const HiddenInput in{nullptr, prep_.hidden_source(), target_states(), carry_.data()};

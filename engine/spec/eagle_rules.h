@@ -12,6 +12,13 @@
 // D .. P) the head has cached D - 1 positions and extends over D - 1 .. P - 1; its last row's
 // output predicts token P + 1 (d_1). Head decode j (1 <= j < k): d_j at position P + j - 1.
 //
+// A prefix hit (memory/kv_ledger.h, LedgerPool::key_shift): the head's pool shares a page only
+// when the token after it is equal too, so a request starting at a hit h already holds head
+// position h - 1 (token h, state h - 1) in a shared page. Its first chunk's row 0 (position h,
+// head row h - 1) is dropped like a position-0 row: the head never writes a page it shares, and
+// no hidden state from before the hit is needed. The step marks such requests
+// (ShiftShape::starts_at_hit, a word of the step's per-request aux).
+//
 // Hidden states of the extend's rows: row i of request r (i counted in the step's rows) reads
 // slot carry row i when i < carry_rows (states kept per slot between steps: the previous chunk's
 // last row, or the previous verify's rows), else the target's hidden state of the step row
@@ -32,6 +39,10 @@ struct ShiftShape {
   std::int32_t max_batch = 0, max_tokens = 0, max_logit_rows = 0;
   std::int32_t carry_rows = 0;    // step rows per request whose hidden state comes from the carry
   std::int32_t carry_stride = 0;  // carry rows per slot
+  // Request r's extend starts at its prefix hit when starts_at_hit[r * starts_at_hit_stride] != 0
+  // (device or host memory as the caller runs); nullptr: no request does.
+  const std::int32_t* starts_at_hit = nullptr;
+  std::int32_t starts_at_hit_stride = 0;
 };
 
 GD_HD std::int32_t carry_code(std::int32_t slot, std::int32_t i, std::int32_t carry_stride) {
@@ -41,21 +52,25 @@ GD_HD std::int32_t carry_index(std::int32_t code) {
   return -1 - code;
 }
 
-// Rows of live request r that the head drops: 1 when its rows start at position 0.
-GD_HD std::int32_t skipped_rows(const StepMetaView& x, std::int32_t r) {
+// Rows of live request r that the head drops: 1 when its rows start at position 0 (no state
+// before them) or at its prefix hit (the head holds that row's position already).
+GD_HD std::int32_t skipped_rows(const StepMetaView& x, const ShiftShape& s, std::int32_t r) {
   const std::int32_t q_len = x.q_start[r + 1] - x.q_start[r];
-  return q_len > 0 && x.kv_len[r] == q_len ? 1 : 0;
+  const bool at_hit =
+      s.starts_at_hit != nullptr && s.starts_at_hit[r * s.starts_at_hit_stride] != 0;
+  return q_len > 0 && (x.kv_len[r] == q_len || at_hit) ? 1 : 0;
 }
 
 // z[r] = rows dropped by the live requests before r, for r in [0, max_batch] (constant past the
 // live ones); returns the longest head extend of a live request. One thread (or the host).
-GD_HD std::int32_t skip_scan(const StepMetaView& x, std::int32_t max_batch, std::int32_t* z) {
+GD_HD std::int32_t skip_scan(const StepMetaView& x, const ShiftShape& shape, std::int32_t* z) {
+  const std::int32_t max_batch = shape.max_batch;
   const std::int32_t n = x.scalars[StepMetaLayout::kNumRequests];
   std::int32_t acc = 0, max_q = 0;
   for (std::int32_t r = 0; r <= max_batch; ++r) {
     z[r] = acc;
     if (r < n && r < max_batch) {
-      const std::int32_t s = skipped_rows(x, r);
+      const std::int32_t s = skipped_rows(x, shape, r);
       const std::int32_t q = x.q_start[r + 1] - x.q_start[r] - s;
       max_q = q > max_q ? q : max_q;
       acc += s;
@@ -104,7 +119,7 @@ GD_HD void fill_shifted(const StepMetaView& x, const StepMetaView& out, std::int
     if (t < x_tokens) {
       const std::int32_t r = x.token_request[t];
       const std::int32_t i = t - x.q_start[r];
-      const std::int32_t skip = skipped_rows(x, r);
+      const std::int32_t skip = skipped_rows(x, s, r);
       if (i >= skip) {
         const std::int32_t h = t - z[r] - skip;  // the head's row
         out.token_request[h] = r;

@@ -54,7 +54,13 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
   StepCapacity cap = step_capacity(options, layouts);
   cap.aux_words = SamplingWords::kCount;
   cap.max_draft_tokens = kmax;
-  step_ = std::make_unique<StepContext>(cap, ledger_pools(cap, options));
+  std::vector<LedgerPool> pools = ledger_pools(cap, options);
+  // An EAGLE head's position p holds token p + 1: its pages are shared under the next page's key
+  // (LedgerPool::key_shift), so a hit never makes it write a page it shares.
+  if (head)
+    for (LedgerPool& p : pools)
+      if (p.group == 1) p.key_shift = 1;
+  step_ = std::make_unique<StepContext>(cap, pools);
   target_rt_ = std::make_unique<ModelRuntime>(layouts[0], options, *step_, 0, stream);
   target_ = std::make_unique<LlamaModel>(target, options, stream);
   if (head) enable_eagle_states(*target_, eagle->config, stream);  // before any capture
@@ -85,7 +91,7 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
   published_ = PinnedBuffer<std::int32_t>(b * static_cast<std::size_t>(program_->stride()) + 1);
 }
 
-void SpecRunner::write_aux(const Scheduler& scheduler, const PlannedRequest& p) {
+void SpecRunner::write_aux(const Scheduler& scheduler, const PlannedRequest& p, bool prefill) {
   const SamplingParams& sp = scheduler.sampling(p.id);
   // Acceptance is exact for greedy and sampled requests; a request that does not speculate
   // commits the target's own token of its first verify row.
@@ -93,6 +99,10 @@ void SpecRunner::write_aux(const Scheduler& scheduler, const PlannedRequest& p) 
   const std::size_t at = aux_.size();
   aux_.resize(at + SamplingWords::kCount);
   SamplingWords::write(sp, limit, std::span<std::int32_t>(aux_).subspan(at, SamplingWords::kCount));
+  // A prefill chunk at the request's prefix hit: the pools hold [0, hit) already (an EAGLE head
+  // one position more; eagle_rules.h).
+  aux_[at + SamplingWords::kStartsAtHit] =
+      prefill && p.prefix_len > 0 && p.prefix_len == scheduler.prefix_hit(p.id) ? 1 : 0;
 }
 
 void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResult& out) {
@@ -120,7 +130,7 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
       requests_.push_back(StepRequest{p.slot, p.prefix_len, p.extend_len, 0});
       token_ids_.insert(token_ids_.end(), p.tokens.begin(), p.tokens.end());
     }
-    write_aux(scheduler, p);
+    write_aux(scheduler, p, !decode);
   }
   StepDesc d;
   d.mode = decode ? StepMode::kSpeculative : StepMode::kExtend;

@@ -70,10 +70,15 @@ class SpecRunner : public StepRunner {
   KvLedger& ledger() override { return step_->ledger(); }
   const StepGraphs& graphs() const override { return *graphs_; }
   const LlamaModel& model() const override { return *target_; }
+  const ModelRuntime& runtime(std::int32_t model) const override {
+    GD_REQUIRE(model == 0 || (model == 1 && draft_rt_), "model", model,
+               "0 (the target) or 1 (the draft or EAGLE head; prompt lookup has none)");
+    return model == 0 ? *target_rt_ : *draft_rt_;
+  }
   const SpecRunnerConfig& config() const noexcept { return config_; }
 
  private:
-  void write_aux(const Scheduler& scheduler, const PlannedRequest& p);
+  void write_aux(const Scheduler& scheduler, const PlannedRequest& p, bool prefill);
 
   SpecRunnerConfig config_;
   cudaStream_t stream_;

@@ -218,7 +218,8 @@ struct HeadBlocks {
   StepMetaLayout layout;
   std::vector<std::int32_t> x, e, d1, d2, src;
   StepMetaView xv, ev, d1v, d2v;
-  HeadBlocks(const StepCapacity& c, const StepDesc& d, std::int32_t carry_rows, std::int32_t k)
+  HeadBlocks(const StepCapacity& c, const StepDesc& d, std::int32_t carry_rows, std::int32_t k,
+             std::span<const std::int32_t> starts_at_hit = {})
       : cap(c), layout(StepMetaLayout::compute(c)) {
     const StepImageWriter w(cap);
     std::vector<std::int32_t> image(w.layout().total_words, 0);
@@ -231,7 +232,8 @@ struct HeadBlocks {
     d1v = StepMetaView::over(d1.data(), layout);
     d2v = StepMetaView::over(d2.data(), layout);
     const StepMetaView decodes[] = {d1v, d2v};
-    eagle_prep_host(xv, cap, carry_rows, cap.max_draft_tokens + 1, k, ev, src, decodes);
+    eagle_prep_host(xv, cap, carry_rows, cap.max_draft_tokens + 1, k, ev, src, decodes,
+                    starts_at_hit);
   }
 };
 
@@ -266,6 +268,37 @@ TEST(EaglePrep, PrefillChunksHandChecked) {
   // Hidden sources: the step rows before (1, 2, 3; 5, 6), slot 2's carry row 0 (code -1 - 2*4).
   EXPECT_EQ(range(b.src.data(), 7), (std::vector<int>{1, 2, 3, -9, 5, 6, 0}));
   EXPECT_EQ(range(e.logit_row, 3), (std::vector<int>{0, 2, 5}));
+}
+
+TEST(EaglePrep, ChunkAtAPrefixHitDropsRowZero) {
+  // Slot 4 starts at its prefix hit 8 with a chunk of 3, slot 6 is a later chunk of 2 at 5 (not
+  // a hit), slot 1 starts at its hit 4 with one token. The head holds position hit - 1 already
+  // (a shared page): the hit requests lose row 0, and no row reads a carried state.
+  StepDesc d;
+  d.mode = StepMode::kExtend;
+  const std::vector<StepRequest> req = {{4, 8, 3, 0}, {6, 5, 2, 0}, {1, 4, 1, 0}};
+  const std::vector<std::int32_t> ids = {80, 81, 82, 50, 51, 40};
+  d.requests = req;
+  d.token_ids = ids;
+  const std::vector<std::int32_t> at_hit = {1, 0, 1, 0};
+  const HeadBlocks b(capacity(), d, 1, 0, at_hit);
+  const StepMetaView& e = b.ev;
+  EXPECT_EQ(e.scalars[StepMetaLayout::kNumRequests], 3);
+  EXPECT_EQ(e.scalars[StepMetaLayout::kNumTokens], 4);
+  EXPECT_EQ(e.scalars[StepMetaLayout::kMaxQLen], 2);
+  EXPECT_EQ(range(e.q_start, 5), (std::vector<int>{0, 2, 4, 4, 4}));
+  EXPECT_EQ(range(e.kv_len, 4), (std::vector<int>{10, 6, 4, 0}));  // positions [0, hit + c - 1)
+  EXPECT_EQ(range(e.token_id, 5), (std::vector<int>{81, 82, 50, 51, 0}));
+  EXPECT_EQ(range(e.token_position, 5), (std::vector<int>{8, 9, 4, 5, 0}));
+  EXPECT_EQ(range(e.token_request, 5), (std::vector<int>{0, 0, 1, 1, -1}));
+  // Slot 4's rows read the step rows before them (0, 1); slot 6's row 0 its carry (-1 - 6*4).
+  EXPECT_EQ(range(b.src.data(), 5), (std::vector<int>{0, 1, -25, 3, 0}));
+  // Slot 1 has no rows: no logit row of its own (the last row before it).
+  EXPECT_EQ(range(e.logit_row, 3), (std::vector<int>{1, 3, 3}));
+  // Without the marks the same block writes position hit - 1 (the control).
+  const HeadBlocks plain(capacity(), d, 1, 0);
+  EXPECT_EQ(plain.ev.scalars[StepMetaLayout::kNumTokens], 6);
+  EXPECT_EQ(range(plain.ev.token_position, 3), (std::vector<int>{7, 8, 9}));
 }
 
 TEST(EaglePrep, SpeculativeStepHandChecked) {

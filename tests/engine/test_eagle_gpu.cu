@@ -69,6 +69,7 @@ TEST_F(EagleGpu, EaglePrepMatchesItsCpuTwin) {
   StepPrep prep(input);
   EaglePrep eagle(prep, cap.max_draft_tokens, stride);
   const StepMetaLayout& layout = prep.layout();
+  DeviceBuffer<std::int32_t> d_at_hit(static_cast<std::size_t>(cap.max_batch));
   for (int step = 0; step < 40; ++step) {
     const bool spec = step % 2 == 1;
     const std::int32_t k = spec ? static_cast<std::int32_t>(rng() % 8) : 0;
@@ -94,7 +95,13 @@ TEST_F(EagleGpu, EaglePrepMatchesItsCpuTwin) {
     input.upload(stream);
     prep.enqueue_metadata(stream);
     const std::int32_t carry_rows = spec ? stride : 1;
-    eagle.enqueue(prep.device(), carry_rows, k, stream);
+    // Prefill steps: some later chunks start at a prefix hit (row 0 dropped).
+    std::vector<std::int32_t> at_hit(static_cast<std::size_t>(cap.max_batch), 0);
+    for (std::int32_t r = 0; r < n && !spec; ++r)
+      at_hit[static_cast<std::size_t>(r)] =
+          req[static_cast<std::size_t>(r)].prefix_len > 0 && rng() % 3 == 0;
+    d_at_hit.upload(at_hit.data(), at_hit.size(), stream);
+    eagle.enqueue(prep.device(), carry_rows, k, stream, spec ? nullptr : d_at_hit.data(), 1);
     std::vector<std::int32_t> x(layout.total_words);
     prep.download(x, stream);
     std::vector<std::vector<std::int32_t>> want(static_cast<std::size_t>(cap.max_draft_tokens),
@@ -104,7 +111,8 @@ TEST_F(EagleGpu, EaglePrepMatchesItsCpuTwin) {
     for (std::int32_t j = 1; j < cap.max_draft_tokens; ++j)
       decodes.push_back(StepMetaView::over(want[static_cast<std::size_t>(j)].data(), layout));
     eagle_prep_host(StepMetaView::over(x.data(), layout), cap, carry_rows, stride, k,
-                    StepMetaView::over(want[0].data(), layout), want_src, decodes);
+                    StepMetaView::over(want[0].data(), layout), want_src, decodes,
+                    spec ? std::span<const std::int32_t>() : std::span<const std::int32_t>(at_hit));
     std::vector<std::int32_t> got(layout.total_words), got_src(want_src.size());
     eagle.download_hidden_source(got_src, stream);
     EXPECT_EQ(got_src, want_src) << "step " << step;

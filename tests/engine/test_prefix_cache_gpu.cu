@@ -10,6 +10,10 @@
 //     evicted, and every page is available again at the end.
 //   * Speculative decoding: the draft model's pages are part of a hit (both models' pools are
 //     matched); prompt lookup turns the cache off; tokens equal the plain cache-off engine's.
+//   * Published pages never change: after every step, every cached page of every pool (the
+//     target's and an EAGLE head's) holds the bytes it held when first seen published (an EAGLE
+//     head's last page position holds the token after the page: shared under the next page's
+//     key, and never written by a request that starts at a hit).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "common/cuda_check.h"
 #include "engine/engine.h"
 #include "engine/model_config.h"
+#include "engine/spec/eagle_weights.h"
 #include "engine/weights.h"
 #include "engine_checks.h"
 #include "llama_reference.h"
@@ -374,6 +379,161 @@ TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
     }
     EXPECT_LE(differ, 1);
   }
+}
+
+// Every published page of every caching pool, checked after each step against the bytes it held
+// when first seen published: a page is published once its K/V are final and is only read after.
+// Needs a run without evictions (a page evicted and published again legitimately changes).
+class PublishedPagesUnchanged {
+ public:
+  explicit PublishedPagesUnchanged(const Engine& e) : e_(e) {}
+  // Returns how many cached pages were checked; ADD_FAILUREs name pool, page and step.
+  std::int64_t check(std::int64_t step) {
+    std::int64_t checked = 0;
+    const KvLedger& ledger = e_.ledger();
+    for (std::int32_t i = 0; i < ledger.num_pools(); ++i) {
+      const PrefixCache* c = ledger.prefix_cache(i);
+      if (!c) continue;
+      const KvPool& pool = e_.kv_pool(i);
+      const std::int32_t layers = pool.config().shape.num_layers;
+      std::vector<std::uint16_t> k, v;
+      std::vector<std::uint64_t> hash(static_cast<std::size_t>(pool.num_pages()),
+                                      1469598103934665603ull);
+      for (std::int32_t l = 0; l < layers; ++l) {
+        const PagedKvView view = pool.view(l);
+        const std::size_t per_page = static_cast<std::size_t>(view.num_kv_heads) * view.page_size *
+                                     static_cast<std::size_t>(view.head_dim);
+        const std::size_t n = per_page * static_cast<std::size_t>(view.num_pages);
+        k.resize(n);
+        v.resize(n);
+        GD_CUDA(cudaMemcpy(k.data(), view.k, n * 2, cudaMemcpyDeviceToHost));
+        GD_CUDA(cudaMemcpy(v.data(), view.v, n * 2, cudaMemcpyDeviceToHost));
+        for (std::int32_t p = 0; p < view.num_pages; ++p) {
+          std::uint64_t& h = hash[static_cast<std::size_t>(p)];
+          for (const auto* a : {&k, &v})
+            for (std::size_t j = 0; j < per_page; ++j)
+              h = (h ^ (*a)[static_cast<std::size_t>(p) * per_page + j]) * 1099511628211ull;
+        }
+      }
+      auto& seen = first_[i];
+      for (std::int32_t p = 1; p < pool.num_pages(); ++p) {
+        if (!c->is_cached(p)) {
+          seen.erase(p);
+          continue;
+        }
+        ++checked;
+        const auto [it, fresh] = seen.emplace(p, hash[static_cast<std::size_t>(p)]);
+        if (!fresh && it->second != hash[static_cast<std::size_t>(p)]) {
+          ADD_FAILURE() << "pool " << i << " (model " << ledger.config(i).group << ") page " << p
+                        << " changed after it was published (step " << step << ")";
+          it->second = hash[static_cast<std::size_t>(p)];  // report each change once
+        }
+      }
+    }
+    return checked;
+  }
+
+ private:
+  const Engine& e_;
+  std::map<std::int32_t, std::map<std::int32_t, std::uint64_t>> first_;  // pool -> page -> hash
+};
+
+// An EAGLE head with the prefix cache: requests share prompt stems while their owner runs and
+// after; greedy and sampled rows. After every step no published page of the target's pools or the
+// head's pool has changed; the head's pool caches pages; greedy tokens are confirmed by the
+// float64 reference and equal the cache-off engine's (up to near-ties); every page is free at the
+// end. The control for the head pool's page naming is the ledger's CPU test
+// (PrefixCacheLedger.KeyShiftPoolSharesAPageOnlyWithTheNextPageEqual) and the prep's
+// (EaglePrep.ChunkAtAPrefixHitDropsRowZero): named by its own key, the owner's head page would be
+// published a position early and a hit request would write its last position.
+TEST_F(PrefixCacheGpu, EagleHitsNeverWriteAPublishedPage) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, rng());
+  const EagleWeights head = synthetic_eagle_weights(config, rng());
+  std::vector<std::vector<std::int32_t>> stems;
+  for (int i = 0; i < 2; ++i) stems.push_back(random_tokens(rng, 70, config.vocab_size));
+  std::vector<RequestSpec> specs;
+  const int n = testing::sanitize_mode() ? 6 : 12;
+  for (int i = 0; i < n; ++i) {
+    RequestSpec s;
+    const auto& stem = stems[static_cast<std::size_t>(i % 2)];
+    const std::int32_t shared = 17 + static_cast<std::int32_t>(rng() % 54);  // 17 .. 70
+    s.prompt =
+        cat(std::vector<std::int32_t>(stem.begin(), stem.begin() + shared),
+            random_tokens(rng, 1 + static_cast<std::int32_t>(rng() % 20), config.vocab_size));
+    s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 12);
+    if (i % 3 == 2) s.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 11u + i};
+    specs.push_back(s);
+  }
+  EngineConfig ec;
+  ec.max_batch = 4;
+  ec.max_step_tokens = 48;
+  ec.max_context = 128;
+  ec.kv_pages = 96;  // no evictions: the check needs pages published once
+  const auto serve = [&](bool cache, const EagleWeights* eagle) {
+    EngineConfig e = ec;
+    e.prefix_cache = cache;
+    if (eagle) {
+      e.speculative.max_draft_tokens = 3;
+      e.speculative.proposer = SpecProposer::kEagle;
+    }
+    Engine engine(w, e, nullptr, eagle);
+    PublishedPagesUnchanged pages(engine);
+    Server s(engine, false);
+    std::vector<RequestId> ids;
+    std::int64_t step = 0, checked = 0;
+    const auto run = [&] {
+      while (s.step()) checked += pages.check(step++);
+    };
+    ids.push_back(s.submit(specs[0]));
+    for (int i = 0; i < 3; ++i) s.step();  // the owner into its prompt, then hits while it runs
+    for (std::size_t i = 1; i < specs.size() / 2; ++i) ids.push_back(s.submit(specs[i]));
+    run();
+    for (std::size_t i = specs.size() / 2; i < specs.size(); ++i) ids.push_back(s.submit(specs[i]));
+    run();
+    std::vector<std::vector<std::int32_t>> out;
+    for (const RequestId id : ids) {
+      EXPECT_EQ(s.out.finished[id], 1) << "request " << id;
+      out.push_back(s.out.tokens[id]);
+    }
+    const EngineStats st = engine.stats();
+    std::printf(
+        "[ eagle %s ] %lld of %lld prompt tokens hit, %lld cached-page checks, %lld of %lld "
+        "drafts accepted\n",
+        cache ? "cache on " : "cache off", static_cast<long long>(st.prefix_hit_tokens),
+        static_cast<long long>(st.prefix_lookup_tokens), static_cast<long long>(checked),
+        static_cast<long long>(st.accepted_tokens), static_cast<long long>(st.drafted_tokens));
+    if (cache) {
+      EXPECT_GT(st.prefix_hit_tokens, 0);
+      EXPECT_GT(checked, 0);
+      EXPECT_EQ(st.prefix_evictions, 0) << "the check assumes no page is published twice";
+      for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
+        if (engine.ledger().config(p).group == 1) {
+          const PrefixCache* c = engine.ledger().prefix_cache(p);
+          EXPECT_NE(c, nullptr) << "head pool " << p;
+          if (c) EXPECT_GT(c->stats().published, 0) << "head pool " << p;
+        }
+    }
+    for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
+      EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
+    return out;
+  };
+  const auto want = serve(false, nullptr);
+  const auto got = serve(true, &head);
+  std::vector<std::vector<std::int32_t>> prompts, greedy_got, greedy_want;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].sampling.temperature > 0) {
+      EXPECT_EQ(static_cast<std::int32_t>(got[i].size()), specs[i].max_new_tokens) << i;
+      continue;
+    }
+    expect_greedy_confirmed(w, specs[i].prompt, got[i], "eagle request " + std::to_string(i));
+    prompts.push_back(specs[i].prompt);
+    greedy_got.push_back(got[i]);
+    greedy_want.push_back(want[i]);
+  }
+  EXPECT_LE(testing::compare_with_plain(w, prompts, greedy_got, greedy_want, "eagle + cache"), 2);
 }
 
 }  // namespace

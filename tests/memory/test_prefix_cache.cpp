@@ -98,6 +98,7 @@ LedgerPool pool(AttentionKind kind, std::int32_t pages, std::int32_t group) {
 // order, the free count. It learns the ids the ledger hands out and checks each one on receipt.
 struct PoolModel {
   PoolGeometry g;
+  std::int32_t shift = 0;                   // LedgerPool::key_shift: page j named by keys[j + 1]
   std::vector<std::int32_t> refs;           // [pages]
   std::vector<std::optional<PageKey>> key;  // [pages] cached under
   std::map<PageKey, std::int32_t> by_key;
@@ -144,8 +145,9 @@ struct PoolModel {
                : 0;
   }
   bool serves(std::span<const PageKey> keys, std::int32_t n) const {
+    if (n + shift > static_cast<std::int32_t>(keys.size())) return false;
     for (std::int32_t j = first_needed(n * kPage); j < n; ++j)
-      if (!by_key.count(keys[j])) return false;
+      if (!by_key.count(keys[j + shift])) return false;
     return true;
   }
 };
@@ -161,15 +163,18 @@ struct Req {
 std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
                                    std::int32_t planted_bug_every, std::int64_t* hits) {
   std::mt19937_64 rng(seed);
-  const std::vector<LedgerPool> pools = {pool(AttentionKind::kFull, 61, 0),
-                                         pool(AttentionKind::kSliding, 31, 0),
-                                         pool(AttentionKind::kFull, 61, 1)};
+  // The draft's pool names its pages by the next page's key, as an EAGLE head's does.
+  std::vector<LedgerPool> pools = {pool(AttentionKind::kFull, 61, 0),
+                                   pool(AttentionKind::kSliding, 31, 0),
+                                   pool(AttentionKind::kFull, 61, 1)};
+  pools[2].key_shift = 1;
   KvLedger ledger(pools);
   if (planted_bug_every > 0) ledger.inject_skipped_release_for_test(0, planted_bug_every);
   std::vector<PoolModel> model(pools.size());
   std::vector<std::vector<std::int32_t>> tables(pools.size());
   for (std::size_t i = 0; i < pools.size(); ++i) {
     model[i].g = pools[i].geometry;
+    model[i].shift = pools[i].key_shift;
     model[i].refs.assign(pools[i].geometry.num_pages, 0);
     model[i].key.assign(pools[i].geometry.num_pages, std::nullopt);
     model[i].free = pools[i].geometry.num_pages - 1;
@@ -203,12 +208,15 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
     for (std::size_t i = 0; i < pools.size(); ++i) {
       PoolModel& m = model[i];
       const auto& row = m.rows[r.slot];
-      const std::int32_t stop = std::min(end, ledger.tokens(r.slot, pools[i].group) / kPage);
+      // A shift pool's page j once its key keys[j + 1] is known and it holds a position past it.
+      const std::int32_t held = ledger.tokens(r.slot, pools[i].group) - m.shift;
+      const std::int32_t stop = std::min(end - m.shift, held / kPage);
       for (std::int32_t j = 0; j < stop; ++j) {
         const std::int32_t p = row[j];
-        if (p == kInvalidPage || m.key[p] || m.by_key.count(r.keys[j])) continue;
-        m.key[p] = r.keys[j];
-        m.by_key[r.keys[j]] = p;
+        const PageKey k = r.keys[static_cast<std::size_t>(j + m.shift)];
+        if (p == kInvalidPage || m.key[p] || m.by_key.count(k)) continue;
+        m.key[p] = k;
+        m.by_key[k] = p;
       }
     }
   };
@@ -299,7 +307,7 @@ std::optional<std::string> run_ops(std::uint64_t seed, std::int32_t ops,
       for (PoolModel& m : model) {
         m.rows[r.slot].assign(kMaxPages, kInvalidPage);
         for (std::int32_t j = m.first_needed(n * kPage); j < n; ++j) {
-          const std::int32_t p = m.by_key.at(lookup[j]);
+          const std::int32_t p = m.by_key.at(lookup[static_cast<std::size_t>(j + m.shift)]);
           if (m.refs[p]++ == 0) m.lru.remove(p);
           m.rows[r.slot][j] = p;
         }
@@ -411,6 +419,84 @@ TEST(PrefixCacheLedger, RefusedHitsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(field([&] { l.adopt_prefix(b, keys, 10); }), "slot");  // already holds tokens
   l.truncate(b, 40);
   EXPECT_EQ(field([&] { l.publish_prefix(b, keys, 0, 11); }), "end");
+}
+
+// A key_shift pool (an EAGLE head's: its position p holds token p + 1) names page j by the key of
+// page j + 1, so a prompt equal to the owner's through a page but not through the next one shares
+// the target's page and not the head's: the hit stops a page earlier. Pages are published only
+// once the pool holds a position past them.
+TEST(PrefixCacheLedger, KeyShiftPoolSharesAPageOnlyWithTheNextPageEqual) {
+  std::vector<LedgerPool> pools = {pool(AttentionKind::kFull, 40, 0),
+                                   pool(AttentionKind::kFull, 40, 1)};
+  pools[1].key_shift = 1;
+  KvLedger l(pools);
+  const auto prompt = [](std::int32_t diverge_at) {
+    std::vector<std::int32_t> t(33);
+    for (std::int32_t i = 0; i < 33; ++i) t[static_cast<std::size_t>(i)] = (i * 7 + 3) % 11;
+    if (diverge_at >= 0) t[static_cast<std::size_t>(diverge_at)] += 1;
+    return t;
+  };
+  const auto keys_of = [](const std::vector<std::int32_t>& t) {
+    std::vector<PageKey> k(t.size() / kPage);
+    chain_page_keys(t, kPage, 1, k);
+    return k;
+  };
+  const std::vector<PageKey> owner_keys = keys_of(prompt(-1));  // 8 pages of 4
+  const std::int32_t owner = *l.try_admit(KvReservation{40, 0});
+  l.extend(owner, 16);  // pages 0..3 full; the head pool holds no position past page 3 yet
+  l.publish_prefix(owner, owner_keys, 0, 4);
+  EXPECT_EQ(l.prefix_cache(0)->stats().cached_pages, 4);
+  EXPECT_EQ(l.prefix_cache(1)->stats().cached_pages, 3);  // page 3 needs key 4 and position 16
+  l.extend(owner, 17);
+  l.publish_prefix(owner, owner_keys, 4, 8);
+  EXPECT_EQ(l.prefix_cache(0)->stats().cached_pages, 8);
+  EXPECT_EQ(l.prefix_cache(1)->stats().cached_pages, 7);  // page 7 would need key 8
+  l.clear_commands();
+
+  const auto lookup = [](const std::vector<PageKey>& k) {
+    return std::span<const PageKey>(k.data(), (33 - 1) / kPage);
+  };
+  // The same prompt: the target serves 8 pages, the head 7 (key 8 is not in the lookup).
+  EXPECT_EQ(l.match_prefix(lookup(owner_keys)), 7);
+  // Equal through page 3, different at token 16 (page 4): the target could serve 4 pages; the
+  // head's page 3 holds token 16 and is not shared, so the hit is 3 pages.
+  const std::vector<PageKey> b_keys = keys_of(prompt(16));
+  EXPECT_EQ(l.match_prefix(lookup(b_keys)), 3);
+  const std::int32_t b = *l.try_admit(KvReservation{40, 0}, lookup(b_keys), 3);
+  EXPECT_EQ(l.tokens(b, 0), 12);
+  EXPECT_EQ(l.tokens(b, 1), 12);
+  EXPECT_EQ(l.slots(1).row(b)[2], l.slots(1).row(owner)[2]);  // shared head page 2
+  l.extend(b, 21);
+  l.publish_prefix(b, b_keys, 3, 8);  // idempotent on the adopted page 2
+  // b's own head pages 3..6 under b's keys; the owner's stay.
+  EXPECT_EQ(l.prefix_cache(1)->stats().cached_pages, 11);
+  l.clear_commands();
+  // One page short of the lookup's keys cannot be adopted in the head pool.
+  const std::int32_t c = *l.try_admit(KvReservation{40, 0});
+  try {
+    l.adopt_prefix(c, std::span<const PageKey>(owner_keys.data(), 3), 3);
+    ADD_FAILURE() << "adopted a head page without the key of the page after it";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "prefix_pages") << e.what();
+  }
+  EXPECT_EQ(l.tokens(c, 0), 0);
+  l.release(owner);
+  l.release(b);
+  l.release(c);
+  l.clear_commands();
+  EXPECT_EQ(l.free_pages(0), 39);
+  EXPECT_EQ(l.free_pages(1), 39);
+
+  // key_shift is 0 or 1, and only for full pools.
+  std::vector<LedgerPool> bad = {pool(AttentionKind::kFull, 40, 0),
+                                 pool(AttentionKind::kSliding, 40, 1)};
+  bad[1].key_shift = 1;
+  try {
+    KvLedger x(bad);
+    ADD_FAILURE() << "a sliding pool with key_shift was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.field().find("key_shift"), std::string::npos) << e.field();
+  }
 }
 
 // Admission counts a hit's shared pages once: on a 20-page pool, requests of 10 pages that share
