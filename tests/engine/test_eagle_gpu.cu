@@ -361,6 +361,7 @@ TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
     const int len = std::uniform_int_distribution<int>(1, 80)(rng);
     for (int i = 0; i < len; ++i) s.prompt.push_back(static_cast<std::int32_t>(rng() % 512));
     s.max_new_tokens = std::uniform_int_distribution<int>(1, 60)(rng);
+    if (r == 0) s.max_new_tokens = 40;  // at least one long greedy speculating request
     if (r == 2) s.speculate = false;
     if (r % 4 == 3) s.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 7u + r};
     specs.push_back(s);
@@ -405,7 +406,15 @@ TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
   std::printf("[ engine eagle ] %lld decode steps, %lld of %lld drafts accepted, %.2f tokens/row\n",
               static_cast<long long>(st.decode_steps), static_cast<long long>(st.accepted_tokens),
               static_cast<long long>(st.drafted_tokens), st.tokens_per_spec_row());
-  EXPECT_GT(st.accepted_tokens, st.drafted_tokens / 4);  // greedy rows accept nearly all
+  // The bigram head's drafts are the target's tokens: a greedy speculating row accepts nearly all
+  // of its drafts, about 4 of every 5 of its m - 1 tokens after the prefill's. A quarter of those
+  // rows' tokens is the floor (length caps, near-ties); the random head above accepts 0 of 80.
+  // Sampled rows are not counted: their acceptance depends on the seed (drafted / 4 over all rows
+  // failed at 57 < 71 under memcheck, seed 14307845282592516069).
+  std::int64_t floor_accepted = 0;
+  for (const RequestSpec& s : specs)
+    if (s.speculate && s.sampling.temperature == 0) floor_accepted += (s.max_new_tokens - 1) / 4;
+  EXPECT_GE(st.accepted_tokens, floor_accepted);
   for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
     EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
 }

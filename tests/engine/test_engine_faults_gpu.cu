@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -242,23 +243,32 @@ TEST_F(EngineFaults, CreateAndDestroyInALoopLeavesNothingBehind) {
   };
   cycle(0);  // warm-up: modules, cuBLAS, allocator arenas
   cycle(1);
-  const std::size_t dev0 = device_free_bytes(), rss0 = host_rss_bytes();
+  // Free device memory is the whole GPU's: another process (a parallel test, a soak) moves it
+  // too (152 MiB of "growth" was seen beside two soaks). A leak grows in every round, so the
+  // check takes the round with the least growth.
   const int cycles = testing::sanitize_mode() ? 4 : 16;
-  for (int i = 0; i < cycles; ++i) cycle(i);
-  const std::size_t dev1 = device_free_bytes(), rss1 = host_rss_bytes();
+  const int rounds = testing::sanitize_mode() ? 1 : 3;
   const double mib = 1.0 / (1 << 20);
-  const double dev_growth = (static_cast<double>(dev0) - static_cast<double>(dev1)) * mib;
-  const double rss_growth = (static_cast<double>(rss1) - static_cast<double>(rss0)) * mib;
-  std::printf(
-      "[ create/destroy ] %d engines: device free %.1f -> %.1f MiB (growth %.2f MiB), host RSS "
-      "%.1f -> %.1f MiB (growth %.2f MiB)\n",
-      cycles, dev0 * mib, dev1 * mib, dev_growth, rss0 * mib, rss1 * mib, rss_growth);
+  double dev_growth = 0, rss_growth = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const std::size_t dev0 = device_free_bytes(), rss0 = host_rss_bytes();
+    for (int i = 0; i < cycles; ++i) cycle(i);
+    const std::size_t dev1 = device_free_bytes(), rss1 = host_rss_bytes();
+    const double dev = (static_cast<double>(dev0) - static_cast<double>(dev1)) * mib;
+    const double rss = (static_cast<double>(rss1) - static_cast<double>(rss0)) * mib;
+    std::printf(
+        "[ create/destroy ] round %d, %d engines: device free %.1f -> %.1f MiB (growth %.2f MiB), "
+        "host RSS %.1f -> %.1f MiB (growth %.2f MiB)\n",
+        round, cycles, dev0 * mib, dev1 * mib, dev, rss0 * mib, rss1 * mib, rss);
+    dev_growth = round == 0 ? dev : std::min(dev_growth, dev);
+    rss_growth += rss;  // host RSS is this process's own: every round counts
+  }
   // Under compute-sanitizer the tool's own shadow allocations grow with the run: no bound there.
   if (testing::sanitize_mode()) return;
   // One engine of this size holds several MiB of device memory and its weights' host copies:
   // a leak of one per cycle would exceed these bounds many times over.
   EXPECT_LE(dev_growth, 2.0);
-  EXPECT_LE(rss_growth, 16.0);
+  EXPECT_LE(rss_growth, 16.0 * rounds);
 }
 
 }  // namespace
