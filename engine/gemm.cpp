@@ -2,6 +2,11 @@
 
 #include <library_types.h>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/kernels/plain_gemm.h"
+
 namespace graphdecode {
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
@@ -17,6 +22,8 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     handle_ = nullptr;
     GD_CUBLAS(st);
   }
+  const char* plain = std::getenv("GRAPHDECODE_PLAIN_GEMM");
+  plain_ = plain != nullptr && std::strcmp(plain, "1") == 0;
   try {
     skinny_dev_ = SkinnyGemmDevice::current();
   } catch (...) {
@@ -47,6 +54,10 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
   GD_REQUIRE(a.x != nullptr && a.w != nullptr && a.y != nullptr, "x/w/y", "nullptr",
              "GEMM operands must be set");
   if (a.rows == 0) return;
+  if (plain_) {
+    plain_gemm({a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32}, stream);
+    return;
+  }
   if (uses_skinny(a)) {
     skinny_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
                 stream);

@@ -75,12 +75,17 @@ class Gemm {
   SkinnyMode skinny_mode() const noexcept { return skinny_mode_; }
   // True when run(args) takes the skinny kernel rather than cuBLAS.
   bool uses_skinny(const GemmArgs& args) const noexcept;
+  // GRAPHDECODE_PLAIN_GEMM=1 in the environment when the Gemm was made: every GEMM runs the plain
+  // kernel of engine/kernels/plain_gemm.h instead of cuBLAS or the skinny kernel (racecheck runs;
+  // the reason is in that header).
+  bool plain() const noexcept { return plain_; }
 
  private:
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<std::uint8_t> workspace_;
   SkinnyGemmDevice skinny_dev_;
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
+  bool plain_ = false;
 };
 
 }  // namespace graphdecode

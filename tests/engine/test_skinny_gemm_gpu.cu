@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -177,6 +178,34 @@ TEST_F(SkinnyGemmGpu, MatchesFloat64AndCublas) {
         }
       }
     }
+}
+
+// GRAPHDECODE_PLAIN_GEMM=1 (racecheck runs, engine/kernels/plain_gemm.h): every GEMM of the Gemm
+// runs the plain kernel, any shape, against the float64 reference (exact inputs: bit for bit).
+TEST_F(SkinnyGemmGpu, PlainGemmFromTheEnvironmentMatchesFloat64) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  ASSERT_EQ(setenv("GRAPHDECODE_PLAIN_GEMM", "1", 1), 0);
+  Gemm gemm;
+  ASSERT_EQ(unsetenv("GRAPHDECODE_PLAIN_GEMM"), 0);
+  ASSERT_TRUE(gemm.plain());
+  EXPECT_FALSE(Gemm().plain());
+  for (const auto& [k, n] : std::vector<std::pair<int, int>>{{37, 129}, {2048, 300}, {8, 1}})
+    for (bool exact : {false, true})
+      for (int rows : {1, 7, 70}) {
+        const Problem p = make_problem(rng, rows, k, n, exact);
+        auto dx = to_device(p.x, s);
+        auto dw = to_device(p.w, s);
+        for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
+          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
+                       std::to_string(n) + (exact ? " exact" : " random") +
+                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          std::vector<double> got;
+          ASSERT_TRUE(run_gemm(gemm, {dx.data(), dw.data(), nullptr, rows, k, n, out}, s, got));
+          EXPECT_TRUE(matches(p, got, nullptr, out));
+        }
+      }
 }
 
 // Shapes the skinny kernel does not take still run (through cuBLAS) and are right.
