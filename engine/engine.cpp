@@ -41,7 +41,7 @@ std::int32_t default_kv_pages(const EngineConfig& c) {
          pages_for_tokens(c.max_context + c.speculative.max_draft_tokens, c.page_size);
 }
 
-RuntimeOptions runtime_options(const EngineConfig& c) {
+RuntimeOptions runtime_options(const EngineConfig& c, const ModelConfig& target) {
   const std::int32_t k = c.speculative.max_draft_tokens;
   RuntimeOptions o;
   o.max_batch = c.max_batch;
@@ -52,10 +52,14 @@ RuntimeOptions runtime_options(const EngineConfig& c) {
   o.page_size = c.page_size;
   o.deterministic = c.deterministic;
   // Prompt lookup proposes from a device history of each slot's tokens written from the step's
-  // token rows: a hit's cached positions would never be written there (stale ids of the slot's
-  // previous request), so an engine with prompt lookup serves without the prefix cache. A draft
-  // model keeps no such state: its pools are matched with the target's (a hit covers both).
-  o.prefix_cache = c.prefix_cache && !(k > 0 && c.speculative.proposer == SpecProposer::kNgram);
+  // token rows; a hit's positions are filled from a token array kept beside the target's full
+  // pool (engine/spec/proposer.h, NgramProposer). A target with no full-attention layer has no
+  // such pool (its sliding pages leave the window): it serves prompt lookup without the cache. A
+  // draft model keeps no such state: its pools are matched with the target's (a hit covers both).
+  const bool any_full = std::any_of(target.layers.begin(), target.layers.end(),
+                                    [](const auto& l) { return l.kind == AttentionKind::kFull; });
+  o.prefix_cache =
+      c.prefix_cache && !(k > 0 && c.speculative.proposer == SpecProposer::kNgram && !any_full);
   // +1: page 0 of every pool is the reserved padding page.
   o.full_pages = (c.kv_pages > 0 ? c.kv_pages : default_kv_pages(c)) + 1;
   o.sliding_pages = c.sliding_pages > 0 ? c.sliding_pages + 1 : 0;
@@ -92,7 +96,7 @@ double percentile(std::vector<double> v, double q) {
 Engine::Engine(const HostWeights& weights, const EngineConfig& config, const HostWeights* draft,
                const EagleWeights* eagle)
     : config_(validated(config)) {
-  const RuntimeOptions ro = runtime_options(config_);
+  const RuntimeOptions ro = runtime_options(config_, weights.config);
   GD_REQUIRE(!weights.config.any_cross() || config_.max_encoder_len >= 1, "max_encoder_len",
              config_.max_encoder_len,
              "the model has cross-attention layers: set the longest encoder input (>= 1)");

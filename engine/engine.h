@@ -93,7 +93,8 @@ struct EngineConfig {
   bool deterministic = false;  // batch-invariant attention split-KV
   // Prefix caching across requests (docs/prefix_cache.md): full pages of equal token prefixes are
   // shared, kept after their requests finish, evicted least recently used when room is needed.
-  // Ignored (off) with speculative prompt lookup, whose per-slot token history a hit would skip.
+  // Ignored (off) with speculative prompt lookup on a target without full-attention layers (the
+  // tokens of a hit are kept beside the full pool's pages; NgramProposer).
   bool prefix_cache = true;
   // Speculative decoding: most draft tokens per step (0 = off), k by batch size (empty:
   // default_k_rules), the proposer (a draft model passed to the Engine, or prompt lookup).

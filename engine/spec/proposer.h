@@ -81,7 +81,16 @@ class NgramProposer : public DraftProposer {
  public:
   // A device history of every slot's tokens ([max_slots][max_kv_len]), written from the step
   // prep's token rows (prompt chunks, then each step's committed tokens).
-  NgramProposer(const StepPrep& prep, const NgramConfig& config, cudaStream_t stream);
+  //
+  // With the prefix cache a request starts at a hit whose tokens no step row carries. So, given
+  // the target's full pool (`pages`, else nullptr: the engine then serves lookup without the
+  // cache), every recorded token is also kept beside its K/V, in a token array of the pool's
+  // pages ([num_pages][page_size], written through the slot's page-table row), and a prefill
+  // chunk marked as starting at its hit (SamplingWords::kStartsAtHit in the step's aux) copies
+  // its shared pages' tokens into the slot's history first. A published page is never written
+  // again (its positions are committed), so the tokens it holds are its prefix's.
+  NgramProposer(const StepPrep& prep, const NgramConfig& config, cudaStream_t stream,
+                const KvPool* pages = nullptr);
   void prefill(const StepMetaView& meta, const StepShape& shape, cudaStream_t stream) override;
   void propose(const SpecPrep& spec, const StepShape& shape, std::int32_t k,
                cudaStream_t stream) override;
@@ -89,8 +98,11 @@ class NgramProposer : public DraftProposer {
  private:
   void record(const StepMetaView& meta, std::int32_t token_capacity, cudaStream_t stream);
   NgramConfig config_;
+  const StepInput& input_;  // the step image's aux words (the hit marks)
   std::int32_t max_batch_ = 0, max_len_ = 0;
-  DeviceBuffer<std::int32_t> history_;  // [max_slots][max_len]
+  DeviceBuffer<std::int32_t> history_;      // [max_slots][max_len]
+  PagedKvView pages_{};                     // the target's full pool (page_table, geometry)
+  DeviceBuffer<std::int32_t> page_tokens_;  // [num_pages][page_size]; empty without `pages`
 };
 
 }  // namespace graphdecode

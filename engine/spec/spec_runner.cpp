@@ -73,7 +73,11 @@ SpecRunner::SpecRunner(const HostWeights& target, const HostWeights* draft,
     draft_ = std::make_unique<LlamaModel>(*draft, options, stream);
     proposer_ = std::make_unique<DraftModelProposer>(*draft_rt_, *draft_, stream);
   } else {
-    proposer_ = std::make_unique<NgramProposer>(step_->prep(), config_.ngram, stream);
+    // With the prefix cache, the target's full pool keeps each page's tokens for hit requests.
+    const bool pages = options.prefix_cache && target_rt_->has_pool(AttentionKind::kFull);
+    proposer_ =
+        std::make_unique<NgramProposer>(step_->prep(), config_.ngram, stream,
+                                        pages ? &target_rt_->pool(AttentionKind::kFull) : nullptr);
   }
   program_->set_proposer(*proposer_);
   StepGraphsConfig gc;

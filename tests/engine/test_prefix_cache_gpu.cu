@@ -9,7 +9,8 @@
 //   * A pool under pressure: every request finishes (they wait, none fails), cached pages are
 //     evicted, and every page is available again at the end.
 //   * Speculative decoding: the draft model's pages are part of a hit (both models' pools are
-//     matched); prompt lookup turns the cache off; tokens equal the plain cache-off engine's.
+//     matched); prompt lookup hits too (the hit's tokens come from its pages); tokens equal the
+//     plain cache-off engine's.
 //   * Published pages never change: after every step, every cached page of every pool (the
 //     target's and an EAGLE head's) holds the bytes it held when first seen published (an EAGLE
 //     head's last page position holds the token after the page: shared under the next page's
@@ -318,9 +319,9 @@ TEST_F(PrefixCacheGpu, PoolUnderPressureEvictsAndRequestsWait) {
 }
 
 // Speculative decoding with a draft model: a hit covers the draft's pages too (both models' pools
-// are matched, and both prefill the uncached suffix). Prompt lookup serves without the cache (its
-// device token history is written from the step's token rows, which a hit would skip). The
-// greedy tokens are the plain cache-off engine's.
+// are matched, and both prefill the uncached suffix). Prompt lookup hits too (its history gets a
+// hit's tokens from the pages: LookupHitsProposeFromTheSharedPrompt). The greedy tokens are the
+// plain cache-off engine's.
 TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
@@ -349,10 +350,8 @@ TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
     s.run();
     std::vector<std::vector<std::int32_t>> out;
     for (const RequestId id : ids) out.push_back(s.out.tokens[id]);
-    // Prompt lookup turns the cache off (its device token history would miss a hit's positions).
-    const bool lookup = e.speculative.max_draft_tokens > 0 && draft == nullptr;
-    if (e.prefix_cache && !lookup) EXPECT_GT(engine.stats().prefix_hit_tokens, 0);
-    if (lookup) EXPECT_EQ(engine.stats().prefix_hit_tokens, 0);
+    // Every proposer hits: prompt lookup too (its history gets the hit's tokens from the pages).
+    if (e.prefix_cache) EXPECT_GT(engine.stats().prefix_hit_tokens, 0);
     // With a draft model its pools cache pages too (a hit is matched in every pool).
     for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p) {
       const PrefixCache* c = engine.ledger().prefix_cache(p);
@@ -379,6 +378,83 @@ TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
     }
     EXPECT_LE(differ, 1);
   }
+}
+
+// Prompt lookup with the prefix cache: a hit's tokens are copied into the slot's history from the
+// token array beside the target's full pool. The target is made a bigram model (o_proj and
+// down_proj zero: the next token depends on the current one only, f), the shared stem is a chain
+// c0, f(c0), ... of 3 pages, and the hit request ends its own prompt with c0: its continuation is
+// the stem, found only in the hit's positions. Two unrelated requests run in between, so the
+// request's slot holds another prompt's tokens there (a stale history would not propose the
+// chain). Acceptance with the cache equals the cache-off engine's (within 2 tokens); greedy tokens
+// are the chain and confirmed by the float64 reference.
+TEST_F(PrefixCacheGpu, LookupHitsProposeFromTheSharedPrompt) {
+  SCOPED_TRACE(testing::seed_note());
+  testing::Rng rng = testing::test_rng();
+  const ModelConfig config = small_test_config();  // full + sliding layers
+  HostWeights w = synthetic_weights(config, rng());
+  for (auto& [name, t] : w.tensors)
+    if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
+      std::fill(t.data.begin(), t.data.end(), std::uint16_t{0});
+  const auto next = [&](std::int32_t t) {
+    const std::int32_t one[] = {t};
+    const std::vector<double> l = testing::reference_last_logits(w, one);
+    return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  };
+  std::vector<std::int32_t> chain = {static_cast<std::int32_t>(rng() % 512)};
+  const std::int32_t new_tokens = 40;
+  while (static_cast<std::int32_t>(chain.size()) < 3 * kPage + new_tokens + 1)
+    chain.push_back(next(chain.back()));
+  const std::vector<std::int32_t> stem(chain.begin(), chain.begin() + 3 * kPage);
+  RequestSpec owner, other1, other2, hit;
+  owner.prompt = cat(stem, random_tokens(rng, 8, config.vocab_size));
+  owner.max_new_tokens = 4;
+  other1.prompt = random_tokens(rng, 60, config.vocab_size);
+  other1.max_new_tokens = 4;
+  other2.prompt = random_tokens(rng, 60, config.vocab_size);
+  other2.max_new_tokens = 4;
+  hit.prompt = cat(cat(stem, random_tokens(rng, 5, config.vocab_size)), {chain[0]});
+  hit.max_new_tokens = new_tokens;
+  struct Run {
+    std::vector<std::int32_t> tokens;
+    std::int64_t accepted = 0, drafted = 0, hit_tokens = 0;
+  };
+  const auto serve = [&](bool cache) {
+    EngineConfig ec;
+    ec.max_batch = 2;
+    ec.max_step_tokens = 64;
+    ec.max_context = 128;
+    ec.prefix_cache = cache;
+    ec.speculative.max_draft_tokens = 4;
+    ec.speculative.proposer = SpecProposer::kNgram;
+    Engine engine(w, ec);
+    Server s(engine, false);
+    s.submit(owner);
+    s.run();
+    s.submit(other1);
+    s.submit(other2);
+    s.run();
+    const EngineStats before = engine.stats();
+    const RequestId id = s.submit(hit);
+    s.run();
+    const EngineStats st = engine.stats();
+    Run r{s.out.tokens[id], st.accepted_tokens - before.accepted_tokens,
+          st.drafted_tokens - before.drafted_tokens, st.prefix_hit_tokens};
+    std::printf("[ lookup cache %s ] hit %lld tokens, %lld of %lld drafts accepted\n",
+                cache ? "on " : "off", static_cast<long long>(r.hit_tokens),
+                static_cast<long long>(r.accepted), static_cast<long long>(r.drafted));
+    return r;
+  };
+  const Run off = serve(false);
+  const Run on = serve(true);
+  EXPECT_EQ(off.hit_tokens, 0);
+  EXPECT_EQ(on.hit_tokens, 3 * kPage);
+  expect_greedy_confirmed(w, hit.prompt, on.tokens, "lookup hit request");
+  const std::vector<std::int32_t> want(chain.begin() + 1, chain.begin() + 1 + new_tokens);
+  EXPECT_EQ(on.tokens, want) << "the bigram target continues the chain";
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_GE(off.accepted, new_tokens / 2) << "the chain is in the history: most drafts accepted";
+  EXPECT_GE(on.accepted, off.accepted - 2) << "the hit's positions are missing from the history";
 }
 
 // Every published page of every caching pool, checked after each step against the bytes it held
