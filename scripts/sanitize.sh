@@ -10,6 +10,12 @@
 #   GD_SANITIZE_TIMEOUT=300                           seconds per job
 #   GD_SANITIZE_RSS_GB=24                             host memory per job (process group)
 #   GD_SANITIZE_DEADLINE=0                            seconds for the whole sweep (0: none)
+#   GD_SANITIZE_HEAVY='engine|soak|spec|eagle|cross|replay_fuzz|prefix_cache'
+#                                                     racecheck jobs of these binaries run after
+#                                                     the others, one at a time,
+#   GD_SANITIZE_HEAVY_RSS_GB=100                      under this host-memory guard (racecheck of
+#                                                     an engine binary takes 20-60+ GB: engine/
+#                                                     NOTES.md "Next steps" 6); '' = no heavy phase
 #
 # Verdicts: ok (0 errors), LIBRARY (racecheck hazards only inside cuBLAS kernels, listed by name),
 # FAIL (errors in our kernels, an internal sanitizer error, a failed test), KILLED (time or memory
@@ -36,18 +42,30 @@ parallel=${GD_SANITIZE_PARALLEL:-8}
 timeout_s=${GD_SANITIZE_TIMEOUT:-300}
 rss_gb=${GD_SANITIZE_RSS_GB:-24}
 deadline=${GD_SANITIZE_DEADLINE:-0}
+heavy=${GD_SANITIZE_HEAVY-engine|soak|spec|eagle|cross|replay_fuzz|prefix_cache}
+heavy_rss_gb=${GD_SANITIZE_HEAVY_RSS_GB:-100}
 here=$(cd "$(dirname "$0")" && pwd)
 
+# Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) after them, one
+# at a time with their own guard: beside six others they were killed at 16 GB, alone test_spec_gpu
+# finished at 20 GB.
 jobs_file=$(mktemp)
+heavy_file=$(mktemp)
 while read -r bin; do
   [ -x "$bin" ] || continue
   [[ "$(basename "$bin")" =~ $filter ]] || continue
-  for tool in $tools; do echo "$tool $bin"; done
+  for tool in $tools; do
+    if [ "$tool" = racecheck ] && [ -n "$heavy" ] && [[ "$(basename "$bin")" =~ $heavy ]]; then
+      echo "$tool $bin $heavy_rss_gb" >> "$heavy_file"
+    else
+      echo "$tool $bin $rss_gb"
+    fi
+  done
 done < "$list" > "$jobs_file"
 
-# One job: the tool over one binary, then its verdict line.
+# One job: the tool over one binary under a host-memory guard of rss GB, then its verdict line.
 sanitize_one() {
-  local tool=$1 bin=$2 name log
+  local tool=$1 bin=$2 rss=$3 name log
   name=$(basename "$bin")
   log="$SAN_OUT/sanitize/$name.$tool.log"
   : > "$log"
@@ -55,7 +73,7 @@ sanitize_one() {
   # says why); memcheck and initcheck keep cuBLAS.
   local plain=0
   [ "$tool" = racecheck ] && plain=1
-  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain "$SAN_HERE/run-guarded.sh" "$SAN_RSS_GB" "$SAN_TIMEOUT" "$log" \
+  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
     compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1
   local guard summary errors ours library internal failed verdict
   guard=$(grep '^GUARD ' "$log" | tail -1)
@@ -83,11 +101,12 @@ sanitize_one() {
     "$verdict" "${errors:-?}" "$ours" "$library" "$failed" "${guard#GUARD }"
 }
 export -f sanitize_one
-export SAN_OUT=$out SAN_HERE=$here SAN_RSS_GB=$rss_gb SAN_TIMEOUT=$timeout_s
+export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"
-setsid bash -c "xargs -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1' < '$jobs_file' > '$results'" &
+setsid bash -c "xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2' < '$jobs_file' > '$results';
+  xargs -r -P 1 -L 1 bash -c 'sanitize_one \$0 \$1 \$2' < '$heavy_file' >> '$results'" &
 sweep=$!
 start=$SECONDS
 while kill -0 "$sweep" 2> /dev/null; do
@@ -102,7 +121,7 @@ while kill -0 "$sweep" 2> /dev/null; do
   sleep 2
 done
 wait "$sweep" 2> /dev/null
-rm -f "$jobs_file"
+rm -f "$jobs_file" "$heavy_file"
 sort -o "$results" "$results"
 cat "$results"
 ! grep -qE ' (FAIL|KILLED) |^deadline' "$results"
