@@ -95,6 +95,12 @@ class Stats:
     prefix_cached_pages: int = 0  # pages cached now, held or not
     prefix_unreferenced_pages: int = 0  # cached pages no request holds (evictable)
     prefix_evictions: int = 0  # cached pages evicted for room
+    pipelined_steps: int = 0  # pipeline=True: decode steps launched before the last one's tokens
+    sync_steps: int = 0  # steps run synchronously (prefill chunks, speculative, fallbacks)
+    discarded_rows: int = 0  # pipelined rows of requests that ended a step before (not delivered)
+    device_p50_us: float = 0.0  # decode step device time (timing events), plain decoding
+    device_p90_us: float = 0.0
+    device_p99_us: float = 0.0
 
 
 TokenCallback = Callable[[TokenEvent], Any]
@@ -248,7 +254,10 @@ class Engine:
     keyword, defaults from the C++ EngineConfig): max_batch (32), max_step_tokens (512, the
     prefill chunk budget), max_context (4096, prompt + generated tokens of one request),
     kv_pages / sliding_pages (0 = sized for max_batch requests of max_context), page_size (16),
-    use_graphs (True: decode steps by CUDA-graph replay), deterministic (False: batch-invariant
+    use_graphs (True: decode steps by CUDA-graph replay), pipeline (False: when True, step()
+    launches decode step t + 1 before it waits for step t's tokens; a stop is then seen one step
+    late and the extra token discarded, never delivered; docs/serving_loop.md; the logits view
+    refuses such an engine), deterministic (False: batch-invariant
     attention when True), prefix_cache (True: share cached prompt-prefix pages across requests,
     docs/prefix_cache.md), speculative (a ``Speculative``; with proposer "draft" pass ``draft``,
     with proposer "eagle" pass ``eagle``: an ``EagleHead`` or its directory),

@@ -260,6 +260,8 @@ EngineConfig engine_config(nb::dict options) {
       c.page_size = to_i32(value, k);
     } else if (k == "use_graphs") {
       c.use_graphs = to_bool(value, k);
+    } else if (k == "pipeline") {
+      c.pipeline = to_bool(value, k);
     } else if (k == "deterministic") {
       c.deterministic = to_bool(value, k);
     } else if (k == "prefix_cache") {

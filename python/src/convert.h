@@ -44,10 +44,10 @@ RequestSpec request_spec(nb::handle prompt, nb::handle max_new_tokens, nb::handl
 EncoderStates encoder_states(nb::handle obj, const std::string& field, int& device_id);
 
 // EngineConfig from a dict of its field names: max_batch, max_step_tokens, max_context, kv_pages,
-// sliding_pages, page_size, use_graphs, deterministic, prefix_cache, max_encoder_len, cross_pages,
-// and speculative.max_draft_tokens, speculative.k_by_batch (a list of (max_batch, k) pairs),
-// speculative.proposer ("draft" or "ngram"), speculative.ngram_max, speculative.ngram_min. An
-// unknown key is an Error naming it.
+// sliding_pages, page_size, use_graphs, pipeline, deterministic, prefix_cache, max_encoder_len,
+// cross_pages, and speculative.max_draft_tokens, speculative.k_by_batch (a list of (max_batch, k)
+// pairs), speculative.proposer ("draft" or "ngram"), speculative.ngram_max, speculative.ngram_min.
+// An unknown key is an Error naming it.
 EngineConfig engine_config(nb::dict options);
 
 }  // namespace graphdecode::py

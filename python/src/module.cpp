@@ -162,6 +162,12 @@ class PyEngine {
     d["prefix_cached_pages"] = s.prefix_cached_pages;
     d["prefix_unreferenced_pages"] = s.prefix_unreferenced_pages;
     d["prefix_evictions"] = s.prefix_evictions;
+    d["pipelined_steps"] = s.pipelined_steps;
+    d["sync_steps"] = s.sync_steps;
+    d["discarded_rows"] = s.discarded_rows;
+    d["device_p50_us"] = s.device_p50_us;
+    d["device_p90_us"] = s.device_p90_us;
+    d["device_p99_us"] = s.device_p99_us;
     return d;
   }
 

@@ -230,6 +230,7 @@ def test_encoder_states_cross_by_dlpack_and_name_their_faults():
     (dict(max_context=2**31), "max_context"),
     (dict(use_graphs=1), "use_graphs"),
     (dict(prefix_cache="yes"), "prefix_cache"),
+    (dict(pipeline="on"), "pipeline"),
     (dict(max_batchh=4), "max_batchh"),
     (dict(speculative=gd.Speculative(max_draft_tokens=2, proposer="oracle")),
      "speculative.proposer"),
@@ -265,7 +266,7 @@ def test_eagle3_heads_have_a_draft_vocabulary():
 def test_good_engine_options_convert():
     gd.check_engine_options(max_encoder_len=1600, cross_pages=400)
     gd.check_engine_options(max_batch=8, max_context=512, use_graphs=False, deterministic=True,
-                            prefix_cache=False,
+                            prefix_cache=False, pipeline=True,
                             speculative=gd.Speculative(max_draft_tokens=3, proposer="ngram",
                                                        k_by_batch=[(4, 3), (16, 1)]))
 

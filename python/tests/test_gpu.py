@@ -156,6 +156,29 @@ def test_prefix_cache_hits_and_keeps_greedy_tokens(weights):
     assert out[True] == out[False]
 
 
+def test_pipelined_engine_streams_what_the_synchronous_one_does(weights):
+    # Stop tokens and lengths end requests at different steps; the pipelined engine delivers the
+    # same tokens (a stop seen one step late costs a discarded row, never a delivered token).
+    first = prompt(30)
+    with gd.Engine(weights, **OPTS) as e:
+        plain = e.generate([first], max_new_tokens=12)[0]
+    stop = plain[5]
+    requests = [dict(prompt=prompt(20 + 7 * i, i), max_new_tokens=4 + 3 * i) for i in range(5)]
+    requests.append(dict(prompt=first, max_new_tokens=12, stop_tokens=[stop]))
+    out, stats = {}, {}
+    for pipelined in (False, True):
+        with gd.Engine(weights, pipeline=pipelined, **OPTS) as e:
+            handles = [e.submit(r["prompt"], max_new_tokens=r["max_new_tokens"],
+                                stop_tokens=r.get("stop_tokens", ())) for r in requests]
+            e.run_until_idle()
+            out[pipelined] = [h.result() for h in handles]
+            stats[pipelined] = e.stats()
+    assert out[True] == out[False]
+    assert out[True][-1] == plain[:plain.index(stop) + 1]  # the stop token ends the stream
+    assert stats[True].pipelined_steps > 0 and stats[False].pipelined_steps == 0
+    assert stats[True].device_p50_us > 0
+
+
 def test_torch_tensors_cross_by_dlpack(engine):
     torch = pytest.importorskip("torch")
     ids = torch.tensor(prompt(10), dtype=torch.int64)
