@@ -217,13 +217,19 @@ bool KvLedger::fits(const KvReservation& r, std::span<const PageKey> keys, std::
     }
     const PrefixCache& c = *caches_[static_cast<std::size_t>(i)];
     std::int32_t unheld = 0;  // hit pages only the cache holds: adopting takes them off the free
-    const std::int32_t shift = pools_[i].key_shift;
+    const std::span<const PageKey> pk = pool_keys(i, keys);
     for (std::int32_t j = 0; j < n; ++j)
-      unheld += c.refs(c.find(keys[static_cast<std::size_t>(j + shift)])) == 0;
+      unheld += c.refs(c.find(pk[static_cast<std::size_t>(j)])) == 0;
     if (unallocated_reservations(i) + (need_[i] - n) > slots_[i]->available_pages() - unheld)
       return false;
   }
   return true;
+}
+
+std::span<const PageKey> KvLedger::pool_keys(std::int32_t pool,
+                                             std::span<const PageKey> keys) const {
+  const auto shift = static_cast<std::size_t>(pools_[static_cast<std::size_t>(pool)].key_shift);
+  return shift < keys.size() ? keys.subspan(shift) : std::span<const PageKey>();
 }
 
 bool KvLedger::counts_shared_once(std::int32_t pool) const {
@@ -387,12 +393,11 @@ std::int32_t KvLedger::match_prefix(std::span<const PageKey> keys, bool within_b
   for (std::int32_t i = 0; i < num_pools(); ++i) {
     const PrefixCache* c = caches_[static_cast<std::size_t>(i)].get();
     if (!c || pools_[i].geometry.kind != AttentionKind::kFull) continue;
-    const std::int32_t shift = pools_[i].key_shift;
+    const std::span<const PageKey> pk = pool_keys(i, keys);
     most = std::min({most, pools_[i].geometry.max_pages_per_slot, budget(i),
-                     static_cast<std::int32_t>(keys.size()) - shift});
+                     static_cast<std::int32_t>(pk.size())});
     std::int32_t j = 0;
-    while (j < most && c->find(keys[static_cast<std::size_t>(j + shift)]) != PrefixCache::kNoPage)
-      ++j;
+    while (j < most && c->find(pk[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage) ++j;
     most = j;
   }
   // A sliding pool serves n when the pages [first needed at n, n) are all present: a run of
@@ -436,13 +441,12 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
     GD_REQUIRE(n <= g.max_pages_per_slot, "prefix_pages", n,
                "exceeds the slot capacity of " + pool_name(i, g));
     const std::int32_t first = first_needed_page(g, n * g.page_size);
-    const std::int32_t shift = pools_[i].key_shift;
-    GD_REQUIRE(static_cast<std::size_t>(n + shift) <= keys.size(), "prefix_pages", n,
+    const std::span<const PageKey> pk = pool_keys(i, keys);
+    GD_REQUIRE(static_cast<std::size_t>(n) <= pk.size(), "prefix_pages", n,
                "needs the key of the page after it in " + pool_name(i, g));
     for (std::int32_t j = first; j < n; ++j)
-      GD_REQUIRE(c->find(keys[static_cast<std::size_t>(j + shift)]) != PrefixCache::kNoPage,
-                 "prefix_pages", n,
-                 "page " + std::to_string(j) + " is not cached in " + pool_name(i, g));
+      GD_REQUIRE(c->find(pk[static_cast<std::size_t>(j)]) != PrefixCache::kNoPage, "prefix_pages",
+                 n, "page " + std::to_string(j) + " is not cached in " + pool_name(i, g));
     const std::int32_t reserved =
         reservation_[static_cast<std::size_t>(slot) * pools_.size() + static_cast<std::size_t>(i)];
     GD_REQUIRE(reserved < 0 || n - first <= reserved, "prefix_pages", n,
@@ -458,10 +462,9 @@ void KvLedger::adopt_prefix(std::int32_t slot, std::span<const PageKey> keys, st
     if (!c) continue;
     const PoolGeometry& g = pools_[i].geometry;
     const std::int32_t first = first_needed_page(g, n * g.page_size);
-    const std::int32_t shift = pools_[i].key_shift;
+    const std::span<const PageKey> pk = pool_keys(i, keys);
     for (std::int32_t j = first; j < n; ++j)
-      found_[static_cast<std::size_t>(j - first)] =
-          c->find(keys[static_cast<std::size_t>(j + shift)]);
+      found_[static_cast<std::size_t>(j - first)] = c->find(pk[static_cast<std::size_t>(j)]);
     adopt_left_[static_cast<std::size_t>(i)] -= n - first;
     slots_[i]->adopt(
         slot, n * g.page_size, first,
@@ -485,11 +488,13 @@ void KvLedger::publish_prefix(std::int32_t slot, std::span<const PageKey> keys, 
     // keys[j + 1], once it holds position (j + 1) * page_size (publish is idempotent: the page
     // first - 1 may have been named by the previous call or adopted).
     const std::int32_t shift = pools_[i].key_shift;
+    const std::span<const PageKey> pk = pool_keys(i, keys.first(static_cast<std::size_t>(end)));
     const std::int32_t held = s.tokens(slot) - shift;
-    const std::int32_t stop = std::min(end - shift, held / pools_[i].geometry.page_size);
+    const std::int32_t stop =
+        std::min(static_cast<std::int32_t>(pk.size()), held / pools_[i].geometry.page_size);
     const auto row = s.row(slot);
     for (std::int32_t j = std::max(first - shift, s.first_resident_page(slot)); j < stop; ++j)
-      c->publish(row[static_cast<std::size_t>(j)], keys[static_cast<std::size_t>(j + shift)]);
+      c->publish(row[static_cast<std::size_t>(j)], pk[static_cast<std::size_t>(j)]);
   }
 }
 

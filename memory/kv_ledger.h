@@ -180,6 +180,9 @@ class KvLedger {
   bool counts_shared_once(std::int32_t pool) const;
   // try_admit's room check (need_ filled for every pool); n validated by the caller.
   bool fits(const KvReservation& r, std::span<const PageKey> keys, std::int32_t n) const;
+  // The keys pool `pool` names its pages by: page j under result[j] (keys, or keys from the second
+  // on for a key_shift pool; empty when there are none).
+  std::span<const PageKey> pool_keys(std::int32_t pool, std::span<const PageKey> keys) const;
   // Sum over the slots with a reservation of (reservation - pages held) in pool `pool`.
   std::int32_t unallocated_reservations(std::int32_t pool) const;
   // The extend of every self pool i by grow_[i] (-1: untouched), checked in full first.

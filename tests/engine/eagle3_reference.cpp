@@ -13,7 +13,6 @@ namespace {
 using refmath::bf16;
 using refmath::linear;
 using refmath::rmsnormed;
-using refmath::rope;
 using refmath::Vec;
 using refmath::vec;
 
@@ -28,10 +27,6 @@ std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
   const ModelConfig& c = hc.layer;
   const auto H = static_cast<std::size_t>(c.hidden_size);
   const auto S = static_cast<std::size_t>(hc.state_width());
-  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
-  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
-  const auto d = static_cast<std::size_t>(c.head_dim);
-  const auto inter = static_cast<std::size_t>(c.intermediate_size);
   const auto DV = static_cast<std::size_t>(hc.draft_vocab_size);
   const double eps = c.rms_norm_eps;
   const HostTensor& embed =
@@ -40,19 +35,12 @@ std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
   const Vec fc_b = hc.fc_bias ? vec(head.at("fc.bias")) : Vec(H, 0.0);
   const Vec in_norm = vec(head.at("midlayer.input_layernorm.weight"));
   const Vec hid_norm = vec(head.at("midlayer.hidden_norm.weight"));
-  const Vec wq = vec(head.at("midlayer.self_attn.q_proj.weight"));
-  const Vec wk = vec(head.at("midlayer.self_attn.k_proj.weight"));
-  const Vec wv = vec(head.at("midlayer.self_attn.v_proj.weight"));
-  const Vec wo = vec(head.at("midlayer.self_attn.o_proj.weight"));
-  const Vec post = vec(head.at("midlayer.post_attention_layernorm.weight"));
-  const Vec wg = vec(head.at("midlayer.mlp.gate_proj.weight"));
-  const Vec wu = vec(head.at("midlayer.mlp.up_proj.weight"));
-  const Vec wd = vec(head.at("midlayer.mlp.down_proj.weight"));
+  const refmath::DecoderLayer layer = refmath::decoder_layer(head, "midlayer.");
   const Vec fnorm = vec(head.at("norm.weight"));
   const Vec lm = vec(head.at("lm_head.weight"));
   const Vec inv_freq = rope_inv_freq(llama_rope_config(c));
   const std::size_t n = tokens.size();
-  std::vector<Vec> x(n), q(n), k(n), v(n);
+  std::vector<Vec> x(n), cat(n);
   for (std::size_t j = 0; j < n; ++j) {
     if (in[j].own) {
       x[j] = in[j].state;
@@ -67,23 +55,14 @@ std::vector<Eagle3ReferenceRow> reference_eagle3(const EagleWeights& head,
     for (std::size_t i = 0; i < H; ++i) e[i] = bf16(embed.data[t * H + i]);
     const Vec en = rmsnormed(e.data(), H, in_norm, eps);
     const Vec xn = rmsnormed(x[j].data(), H, hid_norm, eps);
-    Vec cat(2 * H);
-    std::copy(en.begin(), en.end(), cat.begin());
-    std::copy(xn.begin(), xn.end(), cat.begin() + static_cast<std::ptrdiff_t>(H));
-    q[j] = linear(wq, cat, hq * d);
-    k[j] = linear(wk, cat, hkv * d);
-    v[j] = linear(wv, cat, hkv * d);
-    rope(q[j], hq, d, static_cast<std::int64_t>(j), inv_freq);
-    rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
+    cat[j].resize(2 * H);
+    std::copy(en.begin(), en.end(), cat[j].begin());
+    std::copy(xn.begin(), xn.end(), cat[j].begin() + static_cast<std::ptrdiff_t>(H));
   }
   std::vector<Eagle3ReferenceRow> out;
-  for (std::size_t j = first; j < n; ++j) {
-    const Vec attn = refmath::causal_gqa_attention(q, k, v, j, hq, hkv, d);
-    const Vec o = linear(wo, attn, H);
-    Vec r(H);
-    for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
+  for (Vec& y : refmath::decoder_layer_rows(layer, c, inv_freq, cat, x, first)) {
     Eagle3ReferenceRow row;
-    row.y = refmath::swiglu_block(r, post, wg, wu, wd, inter, eps);
+    row.y = std::move(y);
     row.draft_logits = linear(lm, rmsnormed(row.y.data(), H, fnorm, eps), DV);
     row.draft_id = static_cast<std::int32_t>(
         std::max_element(row.draft_logits.begin(), row.draft_logits.end()) -

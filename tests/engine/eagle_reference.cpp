@@ -14,7 +14,6 @@ namespace {
 using refmath::bf16;
 using refmath::linear;
 using refmath::rmsnormed;
-using refmath::rope;
 using refmath::Vec;
 using refmath::vec;
 
@@ -30,10 +29,6 @@ std::vector<EagleReferenceRow> reference_eagle(const EagleWeights& head, const H
                                                std::size_t first) {
   const ModelConfig& c = head.config.layer;
   const auto H = static_cast<std::size_t>(c.hidden_size);
-  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
-  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
-  const auto d = static_cast<std::size_t>(c.head_dim);
-  const auto inter = static_cast<std::size_t>(c.intermediate_size);
   const auto V = static_cast<std::size_t>(c.vocab_size);
   const double eps = c.rms_norm_eps;
   const HostTensor& embed = head.config.own_embedding ? head.at("embed_tokens.weight")
@@ -43,39 +38,23 @@ std::vector<EagleReferenceRow> reference_eagle(const EagleWeights& head, const H
   const Vec fc = vec(head.at("fc.weight"));
   const Vec fc_b = head.config.fc_bias ? vec(head.at("fc.bias")) : Vec(H, 0.0);
   const HostTensor* in_norm = maybe(head, "layers.0.input_layernorm.weight");
-  const Vec wq = vec(head.at("layers.0.self_attn.q_proj.weight"));
-  const Vec wk = vec(head.at("layers.0.self_attn.k_proj.weight"));
-  const Vec wv = vec(head.at("layers.0.self_attn.v_proj.weight"));
-  const Vec wo = vec(head.at("layers.0.self_attn.o_proj.weight"));
-  const Vec post = vec(head.at("layers.0.post_attention_layernorm.weight"));
-  const Vec wg = vec(head.at("layers.0.mlp.gate_proj.weight"));
-  const Vec wu = vec(head.at("layers.0.mlp.up_proj.weight"));
-  const Vec wd = vec(head.at("layers.0.mlp.down_proj.weight"));
+  const refmath::DecoderLayer layer = refmath::decoder_layer(head, "layers.0.");
   const Vec lm_w = vec(lm);
   const Vec inv_freq = rope_inv_freq(llama_rope_config(c));
   const std::size_t n = tokens.size();
-  std::vector<Vec> x(n), q(n), k(n), v(n);
+  std::vector<Vec> x(n), a(n);
   for (std::size_t j = 0; j < n; ++j) {
     Vec cat(2 * H);
     const auto t = static_cast<std::size_t>(tokens[j]);
     for (std::size_t i = 0; i < H; ++i) cat[i] = bf16(embed.data[t * H + i]);
     for (std::size_t i = 0; i < H; ++i) cat[H + i] = hidden[j][i];
     x[j] = linear(fc, cat, H, &fc_b);
-    const Vec a = in_norm ? rmsnormed(x[j], vec(*in_norm), eps) : x[j];
-    q[j] = linear(wq, a, hq * d);
-    k[j] = linear(wk, a, hkv * d);
-    v[j] = linear(wv, a, hkv * d);
-    rope(q[j], hq, d, static_cast<std::int64_t>(j), inv_freq);
-    rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
+    a[j] = in_norm ? rmsnormed(x[j], vec(*in_norm), eps) : x[j];
   }
   std::vector<EagleReferenceRow> out;
-  for (std::size_t j = first; j < n; ++j) {
-    const Vec attn = refmath::causal_gqa_attention(q, k, v, j, hq, hkv, d);
-    const Vec o = linear(wo, attn, H);
-    Vec r(H);
-    for (std::size_t i = 0; i < H; ++i) r[i] = x[j][i] + o[i];
+  for (Vec& y : refmath::decoder_layer_rows(layer, c, inv_freq, a, x, first)) {
     EagleReferenceRow row;
-    row.y = refmath::swiglu_block(r, post, wg, wu, wd, inter, eps);
+    row.y = std::move(y);
     row.logits = linear(lm_w, row.y, V);
     out.push_back(std::move(row));
   }

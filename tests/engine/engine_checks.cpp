@@ -22,6 +22,12 @@ std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t
   return p;
 }
 
+void zero_block_outputs(HostWeights& w) {
+  for (auto& [name, t] : w.tensors)
+    if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
+      std::fill(t.data.begin(), t.data.end(), std::uint16_t{0});
+}
+
 void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,
                              const std::vector<std::int32_t>& generated, const std::string& what,
                              const ReferenceEncoder& encoder) {

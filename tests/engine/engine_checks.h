@@ -24,6 +24,11 @@ TokenCallback collect(Collected& c);
 // `len` ids uniform in [0, vocab).
 std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t vocab);
 
+// Zeroes every layer's o_proj and down_proj: attention and MLP add nothing to the residual
+// stream, which stays the token's embedding, so the next token depends on the current one alone
+// (a bigram model; tests build predictable drafts on it).
+void zero_block_outputs(HostWeights& w);
+
 // Every generated token against the float64 reference run on the same sequence (teacher forcing
 // on the engine's own tokens, with the request's encoder states if any): within 3% of the
 // reference maximum of the reference's best, and exactly its argmax wherever the reference's

@@ -14,6 +14,7 @@ namespace {
 
 using refmath::bf16;
 using refmath::linear;
+using refmath::rope;
 using refmath::Vec;
 using refmath::vec;
 
@@ -22,20 +23,6 @@ void rmsnorm(Vec& x, std::size_t off, std::size_t n, const Vec& w, double eps) {
   for (std::size_t i = 0; i < n; ++i) ss += x[off + i] * x[off + i];
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
   for (std::size_t i = 0; i < n; ++i) x[off + i] = x[off + i] * inv * w[i];
-}
-
-void rope(Vec& x, std::size_t heads, std::size_t d, std::int32_t pos, const Vec& inv_freq) {
-  const std::size_t h2 = d / 2;
-  for (std::size_t h = 0; h < heads; ++h) {
-    double* p = x.data() + h * d;
-    for (std::size_t i = 0; i < h2; ++i) {
-      const double a = static_cast<double>(static_cast<float>(inv_freq[i])) * pos;
-      const double c = std::cos(a), s = std::sin(a);
-      const double x0 = p[i], x1 = p[i + h2];
-      p[i] = x0 * c - x1 * s;
-      p[i + h2] = x1 * c + x0 * s;
-    }
-  }
 }
 
 std::string ln(std::int32_t l, const char* s) {

@@ -1,12 +1,14 @@
 // The float64 references' shared arithmetic (llama_reference.cpp, eagle_reference.cpp,
 // eagle3_reference.cpp): bf16 weights read as doubles, a dense layer, RMSNorm, RoPE, causal
-// grouped-query attention and the SwiGLU MLP block, nothing rounded on the way.
+// grouped-query attention, the SwiGLU MLP block and an EAGLE head's decoder layer, nothing
+// rounded on the way.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "engine/weights.h"
@@ -105,6 +107,52 @@ inline Vec swiglu_block(const Vec& x, const Vec& norm, const Vec& wg, const Vec&
   const Vec m = linear(wd, act, x.size());
   Vec y(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] + m[i];
+  return y;
+}
+
+// The weights of one Llama decoder layer named `prefix` + "self_attn.q_proj.weight" etc. (W: any
+// weights type with at(name), e.g. HostWeights or EagleWeights).
+struct DecoderLayer {
+  Vec wq, wk, wv, wo, post, wg, wu, wd;
+};
+template <typename W>
+DecoderLayer decoder_layer(const W& w, const std::string& prefix) {
+  return {vec(w.at(prefix + "self_attn.q_proj.weight")),
+          vec(w.at(prefix + "self_attn.k_proj.weight")),
+          vec(w.at(prefix + "self_attn.v_proj.weight")),
+          vec(w.at(prefix + "self_attn.o_proj.weight")),
+          vec(w.at(prefix + "post_attention_layernorm.weight")),
+          vec(w.at(prefix + "mlp.gate_proj.weight")),
+          vec(w.at(prefix + "mlp.up_proj.weight")),
+          vec(w.at(prefix + "mlp.down_proj.weight"))};
+}
+
+// An EAGLE head's layer over rows 0 .. n - 1 at positions 0 .. n - 1: q/k/v from the attention
+// input a[j] (RoPE at j), causal attention, o_proj onto the residual x[j] [hidden], then the
+// SwiGLU block. Returns the layer output of rows first .. n - 1. c: the layer's shape.
+inline std::vector<Vec> decoder_layer_rows(const DecoderLayer& w, const ModelConfig& c,
+                                           const Vec& inv_freq, const std::vector<Vec>& a,
+                                           const std::vector<Vec>& x, std::size_t first) {
+  const auto hq = static_cast<std::size_t>(c.num_attention_heads);
+  const auto hkv = static_cast<std::size_t>(c.num_key_value_heads);
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const std::size_t n = a.size();
+  std::vector<Vec> q(n), k(n), v(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    q[j] = linear(w.wq, a[j], hq * d);
+    k[j] = linear(w.wk, a[j], hkv * d);
+    v[j] = linear(w.wv, a[j], hkv * d);
+    rope(q[j], hq, d, static_cast<std::int64_t>(j), inv_freq);
+    rope(k[j], hkv, d, static_cast<std::int64_t>(j), inv_freq);
+  }
+  std::vector<Vec> y;
+  for (std::size_t j = first; j < n; ++j) {
+    const Vec o = linear(w.wo, causal_gqa_attention(q, k, v, j, hq, hkv, d), x[j].size());
+    Vec r(x[j].size());
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = x[j][i] + o[i];
+    y.push_back(swiglu_block(r, w.post, w.wg, w.wu, w.wd,
+                             static_cast<std::size_t>(c.intermediate_size), c.rms_norm_eps));
+  }
   return y;
 }
 

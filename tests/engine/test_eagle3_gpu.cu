@@ -262,9 +262,7 @@ TEST_F(Eagle3Gpu, GraphReplayEqualsEagerBitwise) {
 void make_shift(HostWeights& target, EagleWeights& head) {
   const auto H = static_cast<std::size_t>(target.config.hidden_size);
   const auto V = static_cast<std::size_t>(target.config.vocab_size);
-  for (auto& [name, t] : target.tensors)
-    if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
-      std::fill(t.data.begin(), t.data.end(), std::uint16_t{0});
+  testing::zero_block_outputs(target);
   const std::vector<std::uint16_t>& embed = target.at("model.embed_tokens.weight").data;
   const auto copy_row = [&](std::vector<std::uint16_t>& dst, std::size_t row, std::size_t src) {
     std::copy(embed.begin() + static_cast<std::ptrdiff_t>(src * H),

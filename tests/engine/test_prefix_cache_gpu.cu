@@ -42,12 +42,6 @@ class PrefixCacheGpu : public testing::GpuTest {};
 
 constexpr std::int32_t kPage = 16;
 
-std::vector<std::int32_t> random_tokens(testing::Rng& rng, std::int32_t len, std::int32_t vocab) {
-  std::vector<std::int32_t> p(static_cast<std::size_t>(len));
-  for (auto& t : p) t = std::uniform_int_distribution<std::int32_t>(0, vocab - 1)(rng);
-  return p;
-}
-
 std::vector<std::int32_t> cat(std::vector<std::int32_t> a, const std::vector<std::int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -127,20 +121,20 @@ TEST_P(PrefixCacheOnOff, GreedyTokensEqualTheCacheOffEngine) {
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = model(c.layers, c.window_left);
   const HostWeights w = synthetic_weights(config, rng());
-  const std::vector<std::int32_t> stem = random_tokens(rng, 96, config.vocab_size);
+  const std::vector<std::int32_t> stem = testing::random_prompt(rng, 96, config.vocab_size);
   const std::int32_t wl = std::max(c.window_left, 0);
   std::vector<std::int32_t> lengths = {kPage - 1,     kPage,  kPage + 1,  2 * kPage,
                                        3 * kPage + 5, wl + 1, wl + kPage, 96};
   std::vector<RequestSpec> early, late;
   RequestSpec owner;
-  owner.prompt = cat(stem, random_tokens(rng, 7, config.vocab_size));
+  owner.prompt = cat(stem, testing::random_prompt(rng, 7, config.vocab_size));
   owner.max_new_tokens = 24;
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     const std::int32_t len = std::min<std::int32_t>(lengths[i], 96);
     RequestSpec s;
     s.prompt = std::vector<std::int32_t>(stem.begin(), stem.begin() + len);
-    s.prompt = cat(
-        s.prompt, random_tokens(rng, 1 + static_cast<std::int32_t>(rng() % 20), config.vocab_size));
+    s.prompt = cat(s.prompt, testing::random_prompt(rng, 1 + static_cast<std::int32_t>(rng() % 20),
+                                                    config.vocab_size));
     s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 12);
     (i % 2 == 0 ? early : late).push_back(s);
   }
@@ -225,11 +219,11 @@ TEST_F(PrefixCacheGpu, DeterministicLogitsAreBitwiseTheCacheOffEngines) {
     const ModelConfig config = model(layers, 3 * kPage + 5);
     const HostWeights w = synthetic_weights(config, rng());
     const std::int32_t shared = 4 * kPage;
-    const std::vector<std::int32_t> stem = random_tokens(rng, shared, config.vocab_size);
+    const std::vector<std::int32_t> stem = testing::random_prompt(rng, shared, config.vocab_size);
     RequestSpec a, b;
-    a.prompt = cat(stem, random_tokens(rng, 9, config.vocab_size));
+    a.prompt = cat(stem, testing::random_prompt(rng, 9, config.vocab_size));
     a.max_new_tokens = 6;
-    b.prompt = cat(stem, random_tokens(rng, 11, config.vocab_size));
+    b.prompt = cat(stem, testing::random_prompt(rng, 11, config.vocab_size));
     b.max_new_tokens = 12;
     std::vector<std::vector<float>> rows[2];
     std::vector<std::int32_t> tokens[2];
@@ -269,14 +263,14 @@ TEST_F(PrefixCacheGpu, PoolUnderPressureEvictsAndRequestsWait) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, rng());
   std::vector<std::vector<std::int32_t>> stems;
-  for (int i = 0; i < 3; ++i) stems.push_back(random_tokens(rng, 48, config.vocab_size));
+  for (int i = 0; i < 3; ++i) stems.push_back(testing::random_prompt(rng, 48, config.vocab_size));
   std::vector<RequestSpec> specs;
   const int n = testing::sanitize_mode() ? 6 : 18;
   for (int i = 0; i < n; ++i) {
     RequestSpec s;
-    s.prompt =
-        cat(stems[static_cast<std::size_t>(i % 3)],
-            random_tokens(rng, 8 + static_cast<std::int32_t>(rng() % 24), config.vocab_size));
+    s.prompt = cat(
+        stems[static_cast<std::size_t>(i % 3)],
+        testing::random_prompt(rng, 8 + static_cast<std::int32_t>(rng() % 24), config.vocab_size));
     s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 8);
     specs.push_back(s);
   }
@@ -327,12 +321,12 @@ TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, rng());
-  const std::vector<std::int32_t> stem = random_tokens(rng, 70, config.vocab_size);
+  const std::vector<std::int32_t> stem = testing::random_prompt(rng, 70, config.vocab_size);
   std::vector<RequestSpec> specs;
   for (int i = 0; i < 8; ++i) {
     RequestSpec s;
     s.prompt = cat(std::vector<std::int32_t>(stem.begin(), stem.begin() + 20 + 7 * i),
-                   random_tokens(rng, 1 + i, config.vocab_size));
+                   testing::random_prompt(rng, 1 + i, config.vocab_size));
     s.max_new_tokens = 16;
     specs.push_back(s);
   }
@@ -393,9 +387,7 @@ TEST_F(PrefixCacheGpu, LookupHitsProposeFromTheSharedPrompt) {
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding layers
   HostWeights w = synthetic_weights(config, rng());
-  for (auto& [name, t] : w.tensors)
-    if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
-      std::fill(t.data.begin(), t.data.end(), std::uint16_t{0});
+  testing::zero_block_outputs(w);  // a bigram target
   const auto next = [&](std::int32_t t) {
     const std::int32_t one[] = {t};
     const std::vector<double> l = testing::reference_last_logits(w, one);
@@ -407,13 +399,13 @@ TEST_F(PrefixCacheGpu, LookupHitsProposeFromTheSharedPrompt) {
     chain.push_back(next(chain.back()));
   const std::vector<std::int32_t> stem(chain.begin(), chain.begin() + 3 * kPage);
   RequestSpec owner, other1, other2, hit;
-  owner.prompt = cat(stem, random_tokens(rng, 8, config.vocab_size));
+  owner.prompt = cat(stem, testing::random_prompt(rng, 8, config.vocab_size));
   owner.max_new_tokens = 4;
-  other1.prompt = random_tokens(rng, 60, config.vocab_size);
+  other1.prompt = testing::random_prompt(rng, 60, config.vocab_size);
   other1.max_new_tokens = 4;
-  other2.prompt = random_tokens(rng, 60, config.vocab_size);
+  other2.prompt = testing::random_prompt(rng, 60, config.vocab_size);
   other2.max_new_tokens = 4;
-  hit.prompt = cat(cat(stem, random_tokens(rng, 5, config.vocab_size)), {chain[0]});
+  hit.prompt = cat(cat(stem, testing::random_prompt(rng, 5, config.vocab_size)), {chain[0]});
   hit.max_new_tokens = new_tokens;
   struct Run {
     std::vector<std::int32_t> tokens;
@@ -529,16 +521,16 @@ TEST_F(PrefixCacheGpu, EagleHitsNeverWriteAPublishedPage) {
   const HostWeights w = synthetic_weights(config, rng());
   const EagleWeights head = synthetic_eagle_weights(config, rng());
   std::vector<std::vector<std::int32_t>> stems;
-  for (int i = 0; i < 2; ++i) stems.push_back(random_tokens(rng, 70, config.vocab_size));
+  for (int i = 0; i < 2; ++i) stems.push_back(testing::random_prompt(rng, 70, config.vocab_size));
   std::vector<RequestSpec> specs;
   const int n = testing::sanitize_mode() ? 6 : 12;
   for (int i = 0; i < n; ++i) {
     RequestSpec s;
     const auto& stem = stems[static_cast<std::size_t>(i % 2)];
     const std::int32_t shared = 17 + static_cast<std::int32_t>(rng() % 54);  // 17 .. 70
-    s.prompt =
-        cat(std::vector<std::int32_t>(stem.begin(), stem.begin() + shared),
-            random_tokens(rng, 1 + static_cast<std::int32_t>(rng() % 20), config.vocab_size));
+    s.prompt = cat(
+        std::vector<std::int32_t>(stem.begin(), stem.begin() + shared),
+        testing::random_prompt(rng, 1 + static_cast<std::int32_t>(rng() % 20), config.vocab_size));
     s.max_new_tokens = 4 + static_cast<std::int32_t>(rng() % 12);
     if (i % 3 == 2) s.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 11u + i};
     specs.push_back(s);
