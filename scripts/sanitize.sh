@@ -16,6 +16,11 @@
 #   GD_SANITIZE_HEAVY_RSS_GB=100                      under this host-memory guard (racecheck of
 #                                                     an engine binary takes 20-60+ GB: engine/
 #                                                     NOTES.md "Next steps" 6); '' = no heavy phase
+#   GD_SANITIZE_HEAVY_PARALLEL=1                      heavy jobs at once; above 1 the heavy phase
+#                                                     runs beside the light one, not after it (a
+#                                                     host with 512 GB: 4 x 110 GB)
+#   GD_SANITIZE_GPUS=1                                spread jobs over this many GPUs
+#                                                     (CUDA_VISIBLE_DEVICES, round robin)
 #
 # Verdicts: ok (0 errors), LIBRARY (racecheck hazards only inside cuBLAS kernels, listed by name),
 # FAIL (errors in our kernels, an internal sanitizer error, a failed test), KILLED (time or memory
@@ -44,6 +49,8 @@ rss_gb=${GD_SANITIZE_RSS_GB:-24}
 deadline=${GD_SANITIZE_DEADLINE:-0}
 heavy=${GD_SANITIZE_HEAVY-engine|soak|spec|eagle|cross|replay_fuzz|prefix_cache}
 heavy_rss_gb=${GD_SANITIZE_HEAVY_RSS_GB:-100}
+heavy_parallel=${GD_SANITIZE_HEAVY_PARALLEL:-1}
+gpus=${GD_SANITIZE_GPUS:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) after them, one
@@ -51,21 +58,22 @@ here=$(cd "$(dirname "$0")" && pwd)
 # finished at 20 GB.
 jobs_file=$(mktemp)
 heavy_file=$(mktemp)
+n_light=0 n_heavy=0
 while read -r bin; do
   [ -x "$bin" ] || continue
   [[ "$(basename "$bin")" =~ $filter ]] || continue
   for tool in $tools; do
     if [ "$tool" = racecheck ] && [ -n "$heavy" ] && [[ "$(basename "$bin")" =~ $heavy ]]; then
-      echo "$tool $bin $heavy_rss_gb" >> "$heavy_file"
+      echo "$tool $bin $heavy_rss_gb $((n_heavy++ % gpus))" >> "$heavy_file"
     else
-      echo "$tool $bin $rss_gb"
+      echo "$tool $bin $rss_gb $((n_light++ % gpus))"
     fi
   done
 done < "$list" > "$jobs_file"
 
 # One job: the tool over one binary under a host-memory guard of rss GB, then its verdict line.
 sanitize_one() {
-  local tool=$1 bin=$2 rss=$3 name log
+  local tool=$1 bin=$2 rss=$3 gpu=$4 name log
   name=$(basename "$bin")
   log="$SAN_OUT/sanitize/$name.$tool.log"
   : > "$log"
@@ -73,6 +81,7 @@ sanitize_one() {
   # says why); memcheck and initcheck keep cuBLAS.
   local plain=0
   [ "$tool" = racecheck ] && plain=1
+  [ "$SAN_GPUS" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$gpu
   GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
     compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1
   local guard summary errors ours library internal failed verdict
@@ -101,12 +110,18 @@ sanitize_one() {
     "$verdict" "${errors:-?}" "$ours" "$library" "$failed" "${guard#GUARD }"
 }
 export -f sanitize_one
-export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s
+export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"
-setsid bash -c "xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2' < '$jobs_file' > '$results';
-  xargs -r -P 1 -L 1 bash -c 'sanitize_one \$0 \$1 \$2' < '$heavy_file' >> '$results'" &
+light="xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3' < '$jobs_file' >> '$results'"
+heavy_jobs="xargs -r -P $heavy_parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3' < '$heavy_file' >> '$results'"
+: > "$results"
+if [ "$heavy_parallel" -gt 1 ]; then
+  setsid bash -c "$light & $heavy_jobs & wait" &
+else
+  setsid bash -c "$light; $heavy_jobs" &
+fi
 sweep=$!
 start=$SECONDS
 while kill -0 "$sweep" 2> /dev/null; do
