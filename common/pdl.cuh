@@ -7,6 +7,14 @@
 // launched without PDL (so everything before it has completed when it starts), at once.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <utility>
+
+#include "common/cuda_check.h"
+
 namespace graphdecode {
 
 // Blocks until the grid before this one in the stream has completed and its memory is visible.
@@ -19,6 +27,38 @@ __device__ __forceinline__ void pdl_wait_for_prior_grid() {
 // grid has called this or exited. It still waits for this grid's completion before reading.
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Host side. False when GRAPHDECODE_PDL=0 was in the environment at the first call: launch_pdl
+// then launches plainly (A/B of the model step in bench_decode; read once, so a process never mixes
+// the two inside one captured graph).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("GRAPHDECODE_PDL");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the kernel before
+// it in the stream. The kernel must call pdl_wait_for_prior_grid() before it touches memory that
+// any kernel before it writes (or reads, where it writes), and may trigger its own dependents only
+// after that wait (the promise above). Checks the launch.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  GD_CHECK_LAUNCH();
 }
 
 }  // namespace graphdecode

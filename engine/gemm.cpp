@@ -24,6 +24,10 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   }
   const char* plain = std::getenv("GRAPHDECODE_PLAIN_GEMM");
   plain_ = plain != nullptr && std::strcmp(plain, "1") == 0;
+  if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
+    if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
+    if (std::strcmp(mode, "off") == 0) skinny_mode_ = SkinnyMode::kOff;
+  }
   try {
     skinny_dev_ = SkinnyGemmDevice::current();
   } catch (...) {

@@ -69,6 +69,8 @@ class Gemm {
   //   kAuto (default): only where bench_gemm measured it faster on the H100: k >= 8192 and
   //                    rows <= 4 (the 1B MLP down projection, ~1.05x); cuBLAS elsewhere.
   //   kAlways: every supported call (tests, benchmarks).  kOff: cuBLAS only.
+  // GRAPHDECODE_SKINNY=always|off in the environment when the Gemm is made sets the mode (A/B of
+  // the model step in bench_decode); anything else keeps kAuto.
   enum class SkinnyMode : std::uint8_t { kOff, kAuto, kAlways };
   void set_skinny_mode(SkinnyMode m) noexcept { skinny_mode_ = m; }
   void set_skinny(bool on) noexcept { skinny_mode_ = on ? SkinnyMode::kAlways : SkinnyMode::kOff; }

@@ -21,6 +21,9 @@
 #                                                     host with 512 GB: 4 x 110 GB)
 #   GD_SANITIZE_GPUS=1                                spread jobs over this many GPUs
 #                                                     (CUDA_VISIBLE_DEVICES, round robin)
+#   GD_SANITIZE_SPLIT=''                              binaries matching this regex run as one
+#                                                     job per test (--gtest_filter), to spread a
+#                                                     long binary over several jobs
 #
 # Verdicts: ok (0 errors), LIBRARY (racecheck hazards only inside cuBLAS kernels, listed by name),
 # FAIL (errors in our kernels, an internal sanitizer error, a failed test), KILLED (time or memory
@@ -51,6 +54,7 @@ heavy=${GD_SANITIZE_HEAVY-engine|soak|spec|eagle|cross|replay_fuzz|prefix_cache}
 heavy_rss_gb=${GD_SANITIZE_HEAVY_RSS_GB:-100}
 heavy_parallel=${GD_SANITIZE_HEAVY_PARALLEL:-1}
 gpus=${GD_SANITIZE_GPUS:-1}
+split=${GD_SANITIZE_SPLIT:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) after them, one
@@ -62,28 +66,46 @@ n_light=0 n_heavy=0
 while read -r bin; do
   [ -x "$bin" ] || continue
   [[ "$(basename "$bin")" =~ $filter ]] || continue
+  tests="-"
+  if [ -n "$split" ] && [[ "$(basename "$bin")" =~ $split ]]; then
+    # "Suite." lines, then "  Test  # GetParam() = ..." lines: full names Suite.Test.
+    tests=$("$bin" --gtest_list_tests 2> /dev/null |
+      awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}')
+    [ -z "$tests" ] && tests="-"
+  fi
   for tool in $tools; do
-    if [ "$tool" = racecheck ] && [ -n "$heavy" ] && [[ "$(basename "$bin")" =~ $heavy ]]; then
-      echo "$tool $bin $heavy_rss_gb $((n_heavy++ % gpus))" >> "$heavy_file"
-    else
-      echo "$tool $bin $rss_gb $((n_light++ % gpus))"
-    fi
+    for t in $tests; do
+      if [ "$tool" = racecheck ] && [ -n "$heavy" ] && [[ "$(basename "$bin")" =~ $heavy ]]; then
+        echo "$tool $bin $heavy_rss_gb $((n_heavy++ % gpus)) $t" >> "$heavy_file"
+      else
+        echo "$tool $bin $rss_gb $((n_light++ % gpus)) $t"
+      fi
+    done
   done
 done < "$list" > "$jobs_file"
 
 # One job: the tool over one binary under a host-memory guard of rss GB, then its verdict line.
 sanitize_one() {
-  local tool=$1 bin=$2 rss=$3 gpu=$4 name log
+  local tool=$1 bin=$2 rss=$3 gpu=$4 test=${5:--} name log filter=()
   name=$(basename "$bin")
-  log="$SAN_OUT/sanitize/$name.$tool.log"
+  if [ "$test" != - ]; then
+    name="$name:$test"
+    filter=(--gtest_filter="$test")
+  fi
+  log="$SAN_OUT/sanitize/${name//\//_}.$tool.log"
   : > "$log"
   # racecheck: the engine's GEMMs on our plain kernel, not cuBLAS (engine/kernels/plain_gemm.h
   # says why); memcheck and initcheck keep cuBLAS.
+  # racecheck: CUDA_MODULE_LOADING=EAGER. With lazy loading (the default) its host memory grows by
+  # ~1 GB/s in an engine test (22 GB in 24 s); with eager loading the same test stays at 1-3 GB
+  # for 72 s (H200, 2026-11-27, bench/results/h200x4_racecheck_all_binaries_2026-11-27.txt).
   local plain=0
-  [ "$tool" = racecheck ] && plain=1
+  [ "$tool" = racecheck ] && plain=1 && export CUDA_MODULE_LOADING=EAGER
   [ "$SAN_GPUS" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$gpu
-  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
-    compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1
+  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain \
+    "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
+    compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1 \
+    "${filter[@]}"
   local guard summary errors ours library internal failed verdict
   guard=$(grep '^GUARD ' "$log" | tail -1)
   summary=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ [a-z]+( displayed)? \([0-9]+ errors?' "$log" |
@@ -114,8 +136,8 @@ export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"
-light="xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3' < '$jobs_file' >> '$results'"
-heavy_jobs="xargs -r -P $heavy_parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3' < '$heavy_file' >> '$results'"
+light="xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3 \$4' < '$jobs_file' >> '$results'"
+heavy_jobs="xargs -r -P $heavy_parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3 \$4' < '$heavy_file' >> '$results'"
 : > "$results"
 if [ "$heavy_parallel" -gt 1 ]; then
   setsid bash -c "$light & $heavy_jobs & wait" &

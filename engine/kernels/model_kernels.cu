@@ -5,6 +5,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/pdl.cuh"
 #include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/model_kernels.h"
 
@@ -32,7 +33,12 @@ void require_rows(const std::int32_t* num_rows, std::int32_t max_rows, bool grid
 }
 
 // ---- RMSNorm: one block per row, the row cached in registers ------------------------------------
+// rmsnorm and swiglu are launched as programmatic dependents (common/pdl.cuh): they wait for the
+// kernel before them, then let the next one (a GEMM that streams its weights before its own wait)
+// be scheduled at once.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const __grid_constant__ RmsNormArgs a) {
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
   const int row = blockIdx.x;
   if (row >= *a.num_rows) return;
   __shared__ float scratch[32];
@@ -70,6 +76,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const __grid_constant
 
 // ---- SwiGLU: grid (column blocks, rows) ---------------------------------------------------------
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const __grid_constant__ SwiGluArgs a) {
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
   const int row = blockIdx.y;
   if (row >= *a.num_rows) return;
   const int vi = blockIdx.x * kThreads + threadIdx.x;
@@ -137,8 +145,7 @@ void rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   GD_REQUIRE(
       a.residual == nullptr || (aligned16(a.residual) && a.residual != a.x && a.residual != a.y),
       "residual", a.residual, "must be 16-byte aligned and alias neither x nor y");
-  rmsnorm_kernel<<<a.max_rows, kThreads, 0, stream>>>(a);
-  GD_CHECK_LAUNCH();
+  launch_pdl(rmsnorm_kernel, dim3(static_cast<unsigned>(a.max_rows)), dim3(kThreads), 0, stream, a);
 }
 
 void swiglu(const SwiGluArgs& a, cudaStream_t stream) {
@@ -149,8 +156,7 @@ void swiglu(const SwiGluArgs& a, cudaStream_t stream) {
   GD_REQUIRE(a.out != nullptr && aligned16(a.out), "out", a.out,
              "must be non-null and 16-byte aligned");
   const dim3 grid(column_blocks(a.inter), static_cast<unsigned>(a.max_rows));
-  swiglu_kernel<<<grid, kThreads, 0, stream>>>(a);
-  GD_CHECK_LAUNCH();
+  launch_pdl(swiglu_kernel, grid, dim3(kThreads), 0, stream, a);
 }
 
 void embedding(const EmbeddingArgs& a, cudaStream_t stream) {

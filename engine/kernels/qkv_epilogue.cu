@@ -35,9 +35,10 @@ constexpr int kMaxGridY = 65535;
 // [d/2 + 8j, d/2 + 8j + 8) of its head. Heads in qkv order: q [0, hq), k, then v.
 __global__ void __launch_bounds__(kThreads)
     qkv_epilogue_kernel(const __grid_constant__ QkvEpilogueArgs a) {
-  // The attention launch behind this one (PDL) may start now and read older K/V while this runs
-  // (PriorWrites::kQueryAndNewKv; as in write_kv_kernel: launched without PDL, so everything
-  // before this kernel has completed).
+  // Launched as a programmatic dependent of the qkv GEMM: wait for it, then the attention launch
+  // behind this one (PDL) may start and read older K/V while this runs
+  // (PriorWrites::kQueryAndNewKv: everything before this kernel has completed).
+  pdl_wait_for_prior_grid();
   pdl_launch_dependents();
   const int row = blockIdx.x;
   if (row >= *a.num_rows) return;
@@ -176,8 +177,7 @@ void qkv_epilogue(const QkvEpilogueArgs& a, cudaStream_t stream) {
   const std::int64_t chunks = (heads * (a.head_dim / 16) + kThreads - 1) / kThreads;
   GD_REQUIRE(chunks <= kMaxGridY, "num_q_heads", a.num_q_heads, "too many heads for one launch");
   const dim3 grid(static_cast<unsigned>(a.max_rows), static_cast<unsigned>(chunks));
-  qkv_epilogue_kernel<<<grid, kThreads, 0, stream>>>(a);
-  GD_CHECK_LAUNCH();
+  launch_pdl(qkv_epilogue_kernel, grid, dim3(kThreads), 0, stream, a);
 }
 
 }  // namespace graphdecode

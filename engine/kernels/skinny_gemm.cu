@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/pdl.cuh"
 #include "engine/kernels/skinny_gemm.h"
 
 namespace graphdecode {
@@ -76,8 +77,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint4* x_mine = smem + (warp * p.steps * p.rows + g) * 4 + t;  // + j * rows * 4
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
-  // Batch b (b >= batches loads nothing): W into registers; in the first round x into smem.
-  auto load = [&](uint4(&wv)[kBatch], int b) {
+  // Batch b (b >= batches loads nothing): W into registers; in the first round x into smem (one
+  // cp.async group per batch, also when empty).
+  auto load_w = [&](uint4(&wv)[kBatch], int b) {
     const int r = b / bpr, j0 = (b - r * bpr) * kBatch;
     const std::int64_t tile = tb + static_cast<std::int64_t>(r) * per_round + slot;
     const std::int64_t col = tile * kTileCols + g;
@@ -87,6 +89,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int u = 0; u < kBatch; ++u) {
       const int c = chunk0 + (j0 + u) * 4;
       wv[u] = ok && c < p.nch ? load_stream(wrow + c * 8) : zero;
+    }
+  };
+  auto stage_x = [&](int b) {
+    const int r = b / bpr, j0 = (b - r * bpr) * kBatch;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = chunk0 + (j0 + u) * 4;
       if (r == 0 && x_row && c < p.nch)
         copy_async16(x_mine + (j0 + u) * p.rows * 4,
                      p.x + static_cast<std::size_t>(g) * p.k + c * 8);
@@ -133,15 +142,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // Two register batches: the next batch's loads are in flight while this one is multiplied,
-  // across round ends (barriers) too.
+  // across round ends (barriers) too. W depends on no kernel of the step, so the first two batches
+  // are read before the wait for the kernel before this one (a PDL launch: their reads overlap
+  // that kernel's tail); x and y only after it.
   uint4 wa[kBatch], wb[kBatch];
-  load(wa, 0);
+  load_w(wa, 0);
+  load_w(wb, 1);
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  stage_x(0);
+  stage_x(1);
   for (int b = 0; b < batches; b += 2) {
-    load(wb, b + 1);
-    compute(wa, b);
+    compute(wa, b);  // the groups of batches <= b + 1 are committed: wait_group 1 covers b
     if (b + 1 == batches) break;
-    load(wa, b + 2);
+    load_w(wa, b + 2);
+    stage_x(b + 2);
     compute(wb, b + 1);
+    load_w(wb, b + 3);
+    stage_x(b + 3);
   }
 }
 
@@ -208,11 +226,8 @@ void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
                  a.out_f32};
   const int grid = std::min(dev.sm_count, p.tiles);  // persistent: one CTA per SM at most
   const std::size_t smem = skinny_gemm_smem_bytes(a.rows, a.k);
-  if (pl.batch == 8)
-    skinny_gemm_kernel<8><<<grid, kThreads, smem, stream>>>(p);
-  else
-    skinny_gemm_kernel<4><<<grid, kThreads, smem, stream>>>(p);
-  GD_CHECK_LAUNCH();
+  launch_pdl(pl.batch == 8 ? skinny_gemm_kernel<8> : skinny_gemm_kernel<4>,
+             dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace graphdecode

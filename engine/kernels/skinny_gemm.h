@@ -18,6 +18,9 @@
 //   barrier guards them, and later tiles read them from shared memory;
 // * the k slices of a tile are summed through shared memory in a fixed order (one barrier per
 //   round): bitwise reproducible, the same in eager and in graph replay.
+// * a programmatic dependent launch (common/pdl.cuh): the first two register batches of W are
+//   read before the wait for the kernel before it (weights depend on no kernel of the step), x is
+//   read and y written only after it.
 // Graph-safe: fixed grid, no allocation, no host sync. Like cuBLAS, all `rows` rows are computed
 // (rows past the live tokens are harmless: rows are independent).
 #pragma once
