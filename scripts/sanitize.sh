@@ -21,6 +21,7 @@
 #                                                     host with 512 GB: 4 x 110 GB)
 #   GD_SANITIZE_GPUS=1                                spread jobs over this many GPUs
 #                                                     (CUDA_VISIBLE_DEVICES, round robin)
+#   GD_SANITIZE_LAUNCH_BLOCKING=1                     racecheck with CUDA_LAUNCH_BLOCKING=1 (below)
 #   GD_SANITIZE_SPLIT=''                              binaries matching this regex run as one
 #                                                     job per test (--gtest_filter), to spread a
 #                                                     long binary over several jobs
@@ -32,8 +33,8 @@
 # racecheck runs with GRAPHDECODE_PLAIN_GEMM=1: the engine's GEMMs then run a plain kernel of ours
 # (engine/kernels/plain_gemm.h) instead of cuBLAS, whose kernels cannot be excluded (below) and cost
 # host memory. Tests that call cuBLAS directly (test_skinny_gemm_gpu's reference) still report its
-# hazards as LIBRARY. The engine binaries still pass 16 GB of host memory under racecheck
-# (engine/NOTES.md, "Next steps" 6): give them a large GD_SANITIZE_RSS_GB and few jobs at once.
+# hazards as LIBRARY. It also runs with CUDA_LAUNCH_BLOCKING=1 (sanitize_one says why): without it
+# the engine binaries passed 105 GB of host memory each (engine/NOTES.md, "Next steps" 6).
 #
 # Why racecheck runs unfiltered: with `--kernel-name kns=graphdecode` (check only our kernels) the
 # 2025.3 sanitizer stops with "Internal Sanitizer Error: failed to handle a hardware exception" at
@@ -55,6 +56,7 @@ heavy_rss_gb=${GD_SANITIZE_HEAVY_RSS_GB:-100}
 heavy_parallel=${GD_SANITIZE_HEAVY_PARALLEL:-1}
 gpus=${GD_SANITIZE_GPUS:-1}
 split=${GD_SANITIZE_SPLIT:-}
+launch_blocking=${GD_SANITIZE_LAUNCH_BLOCKING:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) after them, one
@@ -96,11 +98,13 @@ sanitize_one() {
   : > "$log"
   # racecheck: the engine's GEMMs on our plain kernel, not cuBLAS (engine/kernels/plain_gemm.h
   # says why); memcheck and initcheck keep cuBLAS.
-  # racecheck: CUDA_MODULE_LOADING=EAGER. With lazy loading (the default) its host memory grows by
-  # ~1 GB/s in an engine test (22 GB in 24 s); with eager loading the same test stays at 1-3 GB
-  # for 72 s (H200, 2026-11-27, bench/results/h200x4_racecheck_all_binaries_2026-11-27.txt).
+  # racecheck: CUDA_LAUNCH_BLOCKING=1. Its host memory grows with the launches queued ahead of the
+  # host (times their shared memory): probe_racecheck_memory's 264-CTA kernel with 16 KB reaches
+  # 17 GB within 100 launches, with 64 KB passes 28 GB in 15 s, and stays at 1.0 GB when the host
+  # waits for each launch (bench/results/h200_racecheck_probe_2026-11-27.txt).
   local plain=0
-  [ "$tool" = racecheck ] && plain=1 && export CUDA_MODULE_LOADING=EAGER
+  [ "$tool" = racecheck ] && plain=1 && [ "$SAN_LAUNCH_BLOCKING" = 1 ] &&
+    export CUDA_LAUNCH_BLOCKING=1
   [ "$SAN_GPUS" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$gpu
   GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain \
     "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
@@ -132,7 +136,7 @@ sanitize_one() {
     "$verdict" "${errors:-?}" "$ours" "$library" "$failed" "${guard#GUARD }"
 }
 export -f sanitize_one
-export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus
+export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus SAN_LAUNCH_BLOCKING=$launch_blocking
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"
