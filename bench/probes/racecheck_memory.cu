@@ -26,11 +26,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kGraphLaunches = 100;
 
-__global__ void __launch_bounds__(kThreads) exchange_kernel(const float* in, float* out, int words) {
+__global__ void __launch_bounds__(kThreads)
+    exchange_kernel(const float* in, float* out, int words) {
   graphdecode::pdl_wait_for_prior_grid();
   graphdecode::pdl_launch_dependents();
   extern __shared__ float buf[];
-  for (int i = threadIdx.x; i < words; i += kThreads) buf[i] = in[blockIdx.x * kThreads + threadIdx.x] + i;
+  for (int i = threadIdx.x; i < words; i += kThreads)
+    buf[i] = in[blockIdx.x * kThreads + threadIdx.x] + i;
   __syncthreads();
   float s = 0.f;
   for (int i = threadIdx.x; i < words; i += kThreads) s += buf[words - 1 - i];
@@ -54,8 +56,7 @@ int main(int argc, char** argv) {
   const int smem_kb = argc > 3 ? std::atoi(argv[3]) : 32;
   if (mode != "plain" && mode != "pdl" && mode != "graph" && mode != "graph_pdl" &&
       mode != "plain_sync") {
-    std::fprintf(stderr, "usage: %s plain|pdl|graph|graph_pdl|plain_sync [N] [SMEM_KB]\n",
-                 argv[0]);
+    std::fprintf(stderr, "usage: %s plain|pdl|graph|graph_pdl|plain_sync [N] [SMEM_KB]\n", argv[0]);
     return 2;
   }
   try {
@@ -89,8 +90,8 @@ int main(int argc, char** argv) {
       GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
       GD_CUDA(cudaGraphDestroy(graph));
     }
-    std::printf("mode %s, %d launches of %d CTAs x %d threads, %d KB shared memory\n",
-                mode.c_str(), n, blocks, kThreads, smem_kb);
+    std::printf("mode %s, %d launches of %d CTAs x %d threads, %d KB shared memory\n", mode.c_str(),
+                n, blocks, kThreads, smem_kb);
     std::printf("launches %6d  VmRSS %8.1f MB\n", 0, rss_kb() / 1024.0);
     const int step = exec != nullptr ? kGraphLaunches : 1;
     for (int done = 0; done < n; done += step) {
