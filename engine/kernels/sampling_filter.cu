@@ -129,17 +129,9 @@ __global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
 template <typename T, int kU>
 void launch(const Launch& L, cudaStream_t stream) {
   const int items = L.chunks * L.a.max_rows;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min(items, kFilterBlocksPerSm * L.sms)));
-  cfg.blockDim = dim3(kScanThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  GD_CUDA(cudaLaunchKernelEx(&cfg, filter_kernel<T, kU>, L));
-  GD_CHECK_LAUNCH();
+  launch_pdl(filter_kernel<T, kU>,
+             dim3(static_cast<unsigned>(std::min(items, kFilterBlocksPerSm * L.sms))),
+             dim3(kScanThreads), 0, stream, L);
 }
 
 }  // namespace

@@ -300,18 +300,8 @@ void launch(const Launch& L, cudaStream_t stream) {
   const int smem = L.ws.cap * static_cast<int>(sizeof(u64));
   GD_CUDA(
       cudaFuncSetAttribute(resolve_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min(L.a.max_rows, L.sms)));
-  cfg.blockDim = dim3(kResolveThreads);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  GD_CUDA(cudaLaunchKernelEx(&cfg, resolve_kernel<T>, L));
-  GD_CHECK_LAUNCH();
+  launch_pdl(resolve_kernel<T>, dim3(static_cast<unsigned>(std::min(L.a.max_rows, L.sms))),
+             dim3(kResolveThreads), static_cast<std::size_t>(smem), stream, L);
 }
 
 }  // namespace
