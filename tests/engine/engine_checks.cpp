@@ -6,6 +6,8 @@
 #include <cmath>
 #include <random>
 
+#include "attention/reference.h"
+
 namespace graphdecode::testing {
 
 TokenCallback collect(Collected& c) {
@@ -20,6 +22,13 @@ std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t
   std::vector<std::int32_t> p(static_cast<std::size_t>(len));
   for (auto& t : p) t = std::uniform_int_distribution<std::int32_t>(0, vocab - 1)(rng);
   return p;
+}
+
+std::vector<std::uint16_t> random_encoder_states(Rng& rng, std::int32_t len, std::int32_t hidden) {
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<std::uint16_t> s(static_cast<std::size_t>(len) * hidden);
+  for (auto& x : s) x = reference::float_to_bf16(n(rng));
+  return s;
 }
 
 void zero_block_outputs(HostWeights& w) {

@@ -24,6 +24,9 @@ TokenCallback collect(Collected& c);
 // `len` ids uniform in [0, vocab).
 std::vector<std::int32_t> random_prompt(Rng& rng, std::int32_t len, std::int32_t vocab);
 
+// Encoder states [len][hidden] bf16 ~ N(0, 1): a vision encoder's output scale after its projector.
+std::vector<std::uint16_t> random_encoder_states(Rng& rng, std::int32_t len, std::int32_t hidden);
+
 // Zeroes every layer's o_proj and down_proj: attention and MLP add nothing to the residual
 // stream, which stays the token's embedding, so the next token depends on the current one alone
 // (a bigram model; tests build predictable drafts on it).
