@@ -2,7 +2,7 @@
 """Issue 38's tables from one run: bench_decode, bench_prefill and hf_decode_peer.py JSON.
 
     python3 bench/decode_table.py --decode DECODE_1B.json [DECODE_8B.json ...]
-                                  [--prefill PREFILL_1B.json ...] [--peer PEER.json]
+                                  [--prefill PREFILL_1B.json ...] [--peer PEER.json ...]
 
 Prints markdown (device and versions first):
   1. Decode step per shape, B and L: `graph us` (bench_decode's forward to the logits, the column of
@@ -140,14 +140,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decode", nargs="*", default=[], help="bench_decode JSON, one per shape")
     ap.add_argument("--prefill", nargs="*", default=[], help="bench_prefill JSON, one per shape")
-    ap.add_argument("--peer", default=None, help="hf_decode_peer.py JSON")
+    ap.add_argument("--peer", nargs="*", default=[],
+                    help="hf_decode_peer.py JSON; several (shards of one run on one host) merge")
     args = ap.parse_args()
     if not args.decode and not args.prefill:
         print(__doc__, file=sys.stderr)
         return 2
     decode = [load(p) for p in args.decode]
     prefill = [load(p) for p in args.prefill]
-    peer = load(args.peer) if args.peer else None
+    peer = None
+    for path in args.peer:  # shards: the first one's metadata, every shard's cells
+        shard = load(path)
+        if peer is None:
+            peer = dict(shard, decode=list(shard.get("decode", [])),
+                        prefill=list(shard.get("prefill", [])))
+        else:
+            peer["decode"] += shard.get("decode", [])
+            peer["prefill"] += shard.get("prefill", [])
     devices = sorted({d["device"] for d in decode + prefill})
     print(f"## Issue 38 tables: {', '.join(devices)}")
     if peer:

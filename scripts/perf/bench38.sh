@@ -5,6 +5,13 @@
 #
 #   scripts/perf/bench38.sh                   (on the device, from the repository root)
 #   GD38_PARTS="peer table" scripts/perf/bench38.sh     (a subset; earlier results in $OUT are kept)
+#   GD38_GPUS=4 scripts/perf/bench38.sh       (a host of 4+ identical GPUs: everything at once, below)
+#
+# With GD38_GPUS >= 4 (default 1) the parts run side by side, one lane per GPU: ours for the 1B
+# shape (decode, then prefill) on GPU 0, for the 8B shape on GPU 1, and the peer on the others, cut
+# into shards by shape and batch (shard 0 of a shape also runs its prefill); decode_table.py merges
+# the shards. Each lane owns its GPU; the host is shared (torch.compile is CPU-heavy, so host-timed
+# figures, TTFT, may move a little: compare with a one-GPU run). Every cell then fits one call.
 #
 # $OUT gets three files: <gpu>_bench38_tables.md (the tables),
 # bench38_summary.txt (what ran, rc and seconds per part) and bench38.tar.gz (every .txt / .json in
@@ -37,6 +44,7 @@ mkdir -p "$WORK"
 PARTS=${GD38_PARTS:-"build decode prefill peer table"}
 BUILD=build-gpu
 TOTAL_S=${GD38_TOTAL_S:-560}  # the device call's 600 s less a margin for packing the results
+GPUS=${GD38_GPUS:-1}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$gpu" in
@@ -67,46 +75,73 @@ if has build; then
       cp "$summary" "$OUT/"; exit 1; }
 fi
 
-# Ours: decode (both shapes), then prefill (both shapes). 100 reps for 1B (the earlier runs'),
-# 30 for 8B (steps of 5-30 ms: 30 keeps it in budget; bench_decode writes its JSON after every
-# cell, so a cut run keeps what it measured).
-if has decode; then
-  for shape in 1b 8b; do
-    reps=100 limit=90
-    [ "$shape" = 8b ] && reps=30 limit=240
-    part "decode $shape" "$limit" "$BUILD/bench/bench_decode" --shape "$shape" \
+# Ours: decode then prefill of one shape. 100 decode reps for 1B (the earlier runs'), 30 for 8B
+# (steps of 5-30 ms: 30 keeps it in budget; bench_decode writes its JSON after every cell, so a cut
+# run keeps what it measured).
+ours() {
+  local shape=$1 reps=100 dlimit=90 plimit=60
+  [ "$shape" = 8b ] && reps=30 dlimit=240 plimit=120
+  if has decode; then
+    part "decode $shape" "$dlimit" "$BUILD/bench/bench_decode" --shape "$shape" \
       --batches 1,8,32,64,128 --context 1024,4096 --reps "$reps" \
       --json "$WORK/${tag}_bench_decode_$shape.json" > "$WORK/${tag}_bench_decode_$shape.txt" 2>&1
     tail -14 "$WORK/${tag}_bench_decode_$shape.txt"
-  done
-fi
-if has prefill; then
-  for shape in 1b 8b; do
-    limit=60
-    [ "$shape" = 8b ] && limit=120
-    part "prefill $shape" "$limit" "$BUILD/bench/bench_prefill" --shape "$shape" \
+  fi
+  if has prefill; then
+    part "prefill $shape" "$plimit" "$BUILD/bench/bench_prefill" --shape "$shape" \
       --prompts 512,2048,8192 --requests 1,16 --step-tokens 512,8192 \
       --json "$WORK/${tag}_bench_prefill_$shape.json" > "$WORK/${tag}_bench_prefill_$shape.txt" 2>&1
     tail -14 "$WORK/${tag}_bench_prefill_$shape.txt"
-  done
-fi
+  fi
+}
 
-# The peer: whatever time is left (its JSON is rewritten after every cell, so a timeout keeps
-# what it measured).
-if has peer; then
-  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1; then
+# The peer, one shard: peer NAME LIMIT_S BUDGET_S ARGS... (its JSON is rewritten after every cell,
+# so a timeout keeps what it measured).
+peer() {
+  local name=$1 limit=$2 budget=$3
+  shift 3
+  part "peer $name" "$limit" python3 bench/hf_decode_peer.py --contexts 1024,4096 \
+    --prompts 512,2048,8192 --requests 1,16 --reps 30 --budget-s "$budget" "$@" \
+    --json "$WORK/${tag}_hf_decode_peer_$name.json" > "$WORK/${tag}_hf_decode_peer_$name.txt" 2>&1
+  tail -12 "$WORK/${tag}_hf_decode_peer_$name.txt"
+}
+peer_ok() {
+  python3 -c 'import torch, transformers; assert torch.cuda.is_available()' > /dev/null 2>&1 ||
+    { echo "peer         skipped: no torch/transformers with CUDA" | tee -a "$summary"; return 1; }
+}
+
+if [ "$GPUS" -ge 4 ]; then
+  # Peer shards over GPUs 2..GPUS-1: by shape, then by batch groups as GPUs allow.
+  shards=()
+  peer_gpus=$((GPUS - 2))
+  if [ "$peer_gpus" -ge 6 ]; then groups=("1,8" "32,64" "128")
+  elif [ "$peer_gpus" -ge 4 ]; then groups=("1,8,64" "32,128")
+  else groups=("1,8,32,64,128"); fi
+  for shape in 1b 8b; do
+    for i in "${!groups[@]}"; do shards+=("$shape $i ${groups[$i]}"); done
+  done
+  ( CUDA_VISIBLE_DEVICES=0 ours 1b ) &
+  ( CUDA_VISIBLE_DEVICES=1 ours 8b ) &
+  if has peer && peer_ok; then
+    budget=$(($(left) - 60))
+    for j in "${!shards[@]}"; do
+      read -r shape i batches <<< "${shards[$j]}"
+      extra=()
+      [ "$i" != 0 ] && extra=(--no-prefill)
+      ( CUDA_VISIBLE_DEVICES=$((2 + j % peer_gpus)) peer "${shape}_$i" $(($(left) - 10)) "$budget" \
+          --shapes "$shape" --batches "$batches" "${extra[@]}" ) &
+    done
+  fi
+  wait
+else
+  for shape in 1b 8b; do ours "$shape"; done
+  if has peer && peer_ok; then
     budget=$(($(left) - 60))
     if [ "$budget" -gt 30 ]; then
-      part peer $(($(left) - 10)) python3 bench/hf_decode_peer.py --shapes 1b,8b \
-        --batches 1,8,32,64,128 --contexts 1024,4096 --prompts 512,2048,8192 --requests 1,16 \
-        --reps 30 --budget-s "$budget" --json "$WORK/${tag}_hf_decode_peer.json" \
-        > "$WORK/${tag}_hf_decode_peer.txt" 2>&1
-      tail -12 "$WORK/${tag}_hf_decode_peer.txt"
+      peer all $(($(left) - 10)) "$budget" --shapes 1b,8b --batches 1,8,32,64,128
     else
       echo "peer         skipped: ${budget} s of budget left" | tee -a "$summary"
     fi
-  else
-    echo "peer         skipped: no torch/transformers with CUDA" | tee -a "$summary"
   fi
 fi
 
@@ -118,7 +153,8 @@ if has table; then
   done
   [ ${#dec[@]} -gt 0 ] && targs+=(--decode "${dec[@]}")
   [ ${#pf[@]} -gt 0 ] && targs+=(--prefill "${pf[@]}")
-  [ -f "$WORK/${tag}_hf_decode_peer.json" ] && targs+=(--peer "$WORK/${tag}_hf_decode_peer.json")
+  peers=("$WORK/${tag}"_hf_decode_peer_*.json)
+  [ -f "${peers[0]}" ] && targs+=(--peer "${peers[@]}")
   part table 30 python3 bench/decode_table.py "${targs[@]}" > "$WORK/${tag}_bench38_tables.md" 2>&1
   cp "$WORK/${tag}_bench38_tables.md" "$OUT/"
   cat "$WORK/${tag}_bench38_tables.md"
