@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint4* x_mine = smem + (warp * p.steps * p.rows + g) * 4 + t;  // + j * rows * 4
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
-  // Batch b (b >= batches loads nothing): W into registers; in the first round x into smem (one
-  // cp.async group per batch, also when empty).
+  // Batch b (b >= batches loads nothing): W into registers (load_w); in the first round x into
+  // smem (stage_x: one cp.async group per batch, also when empty).
   auto load_w = [&](uint4(&wv)[kBatch], int b) {
     const int r = b / bpr, j0 = (b - r * bpr) * kBatch;
     const std::int64_t tile = tb + static_cast<std::int64_t>(r) * per_round + slot;
