@@ -59,9 +59,9 @@ split=${GD_SANITIZE_SPLIT:-}
 launch_blocking=${GD_SANITIZE_LAUNCH_BLOCKING:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 
-# Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) after them, one
-# at a time with their own guard: beside six others they were killed at 16 GB, alone test_spec_gpu
-# finished at 20 GB.
+# Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) with their own
+# guard, $heavy_parallel at a time, after the light ones (beside them when more than one: a large
+# host). Beside six others they were killed at 16 GB; alone test_spec_gpu finished at 20 GB.
 jobs_file=$(mktemp)
 heavy_file=$(mktemp)
 n_light=0 n_heavy=0
@@ -96,12 +96,12 @@ sanitize_one() {
   fi
   log="$SAN_OUT/sanitize/${name//\//_}.$tool.log"
   : > "$log"
-  # racecheck: the engine's GEMMs on our plain kernel, not cuBLAS (engine/kernels/plain_gemm.h
-  # says why); memcheck and initcheck keep cuBLAS.
-  # racecheck: CUDA_LAUNCH_BLOCKING=1. Its host memory grows with the launches queued ahead of the
-  # host (times their shared memory): probe_racecheck_memory's 264-CTA kernel with 16 KB reaches
-  # 17 GB within 100 launches, with 64 KB passes 28 GB in 15 s, and stays at 1.0 GB when the host
-  # waits for each launch (bench/results/h200_racecheck_probe_2026-11-27.txt).
+  # racecheck only: the engine's GEMMs on our plain kernel, not cuBLAS (engine/kernels/plain_gemm.h
+  # says why), and CUDA_LAUNCH_BLOCKING=1: its host memory grows with the launches queued ahead of
+  # the host (times their shared memory): probe_racecheck_memory's 264-CTA kernel with 16 KB
+  # reaches 17 GB within 100 launches, with 64 KB passes 28 GB in 15 s, and stays at 1.0 GB when
+  # the host waits for each launch (bench/results/h200_racecheck_probe_2026-11-27.txt). memcheck
+  # and initcheck keep cuBLAS and asynchronous launches.
   local plain=0
   [ "$tool" = racecheck ] && plain=1 && [ "$SAN_LAUNCH_BLOCKING" = 1 ] &&
     export CUDA_LAUNCH_BLOCKING=1
@@ -140,8 +140,12 @@ export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus SAN_LAU
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"
-light="xargs -r -P $parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3 \$4' < '$jobs_file' >> '$results'"
-heavy_jobs="xargs -r -P $heavy_parallel -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3 \$4' < '$heavy_file' >> '$results'"
+# run_jobs FILE P: the command that runs FILE's jobs P at a time, appending their verdict lines.
+run_jobs() {
+  echo "xargs -r -P $2 -L 1 bash -c 'sanitize_one \$0 \$1 \$2 \$3 \$4' < '$1' >> '$results'"
+}
+light=$(run_jobs "$jobs_file" "$parallel")
+heavy_jobs=$(run_jobs "$heavy_file" "$heavy_parallel")
 : > "$results"
 if [ "$heavy_parallel" -gt 1 ]; then
   setsid bash -c "$light & $heavy_jobs & wait" &
