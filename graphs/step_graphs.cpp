@@ -48,6 +48,12 @@ StepShape key_shape(const GraphKey& key, const StepCapacity& cap) {
   return shape;
 }
 
+std::int32_t extend_rows(std::int32_t tokens, std::int32_t max_tokens) noexcept {
+  const std::int64_t rounded = (std::max<std::int64_t>(tokens, 1) + kExtendRowGranule - 1) /
+                               kExtendRowGranule * kExtendRowGranule;
+  return static_cast<std::int32_t>(std::min<std::int64_t>(rounded, max_tokens));
+}
+
 StepGraphs::StepGraphs(StepInput& input, StepProgram& program, StepGraphsConfig config)
     : input_(input), program_(program), config_(std::move(config)) {
   const StepCapacity& cap = input_.capacity();
@@ -146,8 +152,22 @@ StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
   if (input_.mode() == StepMode::kDecode) n = 1;
   if (input_.mode() == StepMode::kExtend) n = 0;
   const GraphKey key{input_.mode(), n, input_.logit_rows(), bucket};
-  program_.enqueue(key_shape(key, input_.capacity()), stream);
+  StepShape shape = key_shape(key, input_.capacity());
+  // An extend step that no graph could replay (no extend mode captured) runs its rows, not the
+  // capacity's: a prefill chunk of P tokens must not cost a max_tokens-row GEMM (bench_prefill,
+  // issue 38: 512 tokens at max_step_tokens 8192 took 8x the time of max_step_tokens 512).
+  if (input_.mode() == StepMode::kExtend && !captures_extend()) {
+    shape.token_capacity = extend_rows(input_.num_tokens(), shape.token_capacity);
+    if (key.logits == LogitRows::kEveryRow)
+      shape.logit_capacity = std::min(shape.logit_capacity, shape.token_capacity);
+  }
+  program_.enqueue(shape, stream);
   return StepPath::kEager;
+}
+
+bool StepGraphs::captures_extend() const noexcept {
+  return std::any_of(config_.modes.begin(), config_.modes.end(),
+                     [](const GraphMode& m) { return m.mode == StepMode::kExtend; });
 }
 
 std::size_t StepGraphs::num_nodes() const {

@@ -37,6 +37,12 @@ std::vector<std::int32_t> default_buckets(std::int32_t max_batch);
 // token for kEveryRow (never more than max_logit_rows).
 StepShape key_shape(const GraphKey& key, const StepCapacity& capacity);
 
+// The rows an eager extend step of `tokens` new tokens runs through the layers when no extend
+// graph is captured: `tokens` rounded up to a multiple of kExtendRowGranule (so the GEMM library
+// sees few distinct row counts), never more than `max_tokens`.
+inline constexpr std::int32_t kExtendRowGranule = 64;
+std::int32_t extend_rows(std::int32_t tokens, std::int32_t max_tokens) noexcept;
+
 // One family of graphs: a mode, N and logits rows, captured for every bucket.
 struct GraphMode {
   StepMode mode = StepMode::kDecode;
@@ -84,6 +90,7 @@ class StepGraphs {
   };
   const Entry* find_entry(StepMode mode, std::int32_t n, LogitRows logits,
                           std::int32_t batch) const;
+  bool captures_extend() const noexcept;  // an extend mode among config_.modes
 
   StepInput& input_;
   StepProgram& program_;

@@ -22,9 +22,13 @@
 #   GD_SANITIZE_GPUS=1                                spread jobs over this many GPUs
 #                                                     (CUDA_VISIBLE_DEVICES, round robin)
 #   GD_SANITIZE_LAUNCH_BLOCKING=1                     racecheck with CUDA_LAUNCH_BLOCKING=1 (below)
+#   GD_SANITIZE_RACECHECK_ARGS=''                     more compute-sanitizer options for racecheck
+#                                                     (word-split), e.g. a launch-blocking option
 #   GD_SANITIZE_SPLIT=''                              binaries matching this regex run as one
 #                                                     job per test (--gtest_filter), to spread a
 #                                                     long binary over several jobs
+#   GD_SANITIZE_TESTS=''                              with GD_SANITIZE_SPLIT: only the tests whose
+#                                                     full name (Suite.Test/param) matches this regex
 #
 # Verdicts: ok (0 errors), LIBRARY (racecheck hazards only inside cuBLAS kernels, listed by name),
 # FAIL (errors in our kernels, an internal sanitizer error, a failed test), KILLED (time or memory
@@ -56,7 +60,9 @@ heavy_rss_gb=${GD_SANITIZE_HEAVY_RSS_GB:-100}
 heavy_parallel=${GD_SANITIZE_HEAVY_PARALLEL:-1}
 gpus=${GD_SANITIZE_GPUS:-1}
 split=${GD_SANITIZE_SPLIT:-}
+tests_filter=${GD_SANITIZE_TESTS:-.}
 launch_blocking=${GD_SANITIZE_LAUNCH_BLOCKING:-1}
+racecheck_args=${GD_SANITIZE_RACECHECK_ARGS:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Light jobs run $parallel at a time; heavy ones (racecheck of the engine binaries) with their own
@@ -72,7 +78,7 @@ while read -r bin; do
   if [ -n "$split" ] && [[ "$(basename "$bin")" =~ $split ]]; then
     # "Suite." lines, then "  Test  # GetParam() = ..." lines: full names Suite.Test.
     tests=$("$bin" --gtest_list_tests 2> /dev/null |
-      awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}')
+      awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' | grep -E -- "$tests_filter")
     [ -z "$tests" ] && tests="-"
   fi
   for tool in $tools; do
@@ -106,10 +112,12 @@ sanitize_one() {
   [ "$tool" = racecheck ] && plain=1 && [ "$SAN_LAUNCH_BLOCKING" = 1 ] &&
     export CUDA_LAUNCH_BLOCKING=1
   [ "$SAN_GPUS" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$gpu
+  local extra=()
+  [ "$tool" = racecheck ] && read -r -a extra <<< "$SAN_RACECHECK_ARGS"
   GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain \
     "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
-    compute-sanitizer --tool "$tool" --print-limit 100 --error-exitcode 99 "$bin" --gtest_brief=1 \
-    "${filter[@]}"
+    compute-sanitizer --tool "$tool" "${extra[@]}" --print-limit 100 --error-exitcode 99 "$bin" \
+    --gtest_brief=1 "${filter[@]}"
   local guard summary errors ours library internal failed verdict
   guard=$(grep '^GUARD ' "$log" | tail -1)
   summary=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+ [a-z]+( displayed)? \([0-9]+ errors?' "$log" |
@@ -137,6 +145,7 @@ sanitize_one() {
 }
 export -f sanitize_one
 export SAN_OUT=$out SAN_HERE=$here SAN_TIMEOUT=$timeout_s SAN_GPUS=$gpus SAN_LAUNCH_BLOCKING=$launch_blocking
+export SAN_RACECHECK_ARGS=$racecheck_args
 
 # The sweep runs in its own process group, so the deadline can stop every job it started.
 results="$out/sanitize-summary.txt"

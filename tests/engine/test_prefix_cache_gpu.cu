@@ -303,13 +303,16 @@ TEST_F(PrefixCacheGpu, PoolUnderPressureEvictsAndRequestsWait) {
     for (std::int32_t p = 0; p < engine.ledger().num_pools(); ++p)
       EXPECT_EQ(engine.ledger().free_pages(p), engine.ledger().usable_pages(p)) << "pool " << p;
   }
-  int differ = 0;
+  std::vector<std::vector<std::int32_t>> prompts;
   for (int i = 0; i < n; ++i) {
-    differ += out[0][static_cast<std::size_t>(i)] != out[1][static_cast<std::size_t>(i)];
-    expect_greedy_confirmed(w, specs[static_cast<std::size_t>(i)].prompt,
-                            out[1][static_cast<std::size_t>(i)], "request " + std::to_string(i));
+    prompts.push_back(specs[static_cast<std::size_t>(i)].prompt);
+    expect_greedy_confirmed(w, prompts.back(), out[1][static_cast<std::size_t>(i)],
+                            "request " + std::to_string(i));
   }
-  EXPECT_LE(differ, 1);
+  // Where the two engines part (different prefill chunks, so different bf16 rounding), the
+  // float64 reference must show a near-tie at that token; a wrong cached page is not one. 2 of 18
+  // near-tie divergences were seen at seed 1233782973562947261.
+  EXPECT_LE(testing::compare_with_plain(w, prompts, out[1], out[0], "pool under pressure"), n / 4);
 }
 
 // Speculative decoding with a draft model: a hit covers the draft's pages too (both models' pools

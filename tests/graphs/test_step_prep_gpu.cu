@@ -9,6 +9,7 @@
 #include "common/buffers.h"
 #include "common/stream.h"
 #include "graphs/cuda_graph.h"
+#include "graphs/step_graphs.h"
 #include "graphs/step_prep.h"
 #include "memory/device_page_table.h"
 #include "step_gen.h"
@@ -188,6 +189,81 @@ TEST_F(StepPrepGpu, CapturedPrepReplaysEveryStep) {
     h.input->upload(h.stream);
     g.launch(h.stream);
     ASSERT_NO_FATAL_FAILURE(h.check("replayed step " + std::to_string(i)));
+  }
+}
+
+// The program of a StepGraphs that records the shape of each enqueue (and runs the prep).
+class RecordingProgram : public StepProgram {
+ public:
+  explicit RecordingProgram(const StepPrep& prep) : prep_(prep) {}
+  void enqueue(const StepShape& shape, cudaStream_t stream) override {
+    shapes.push_back(shape);
+    prep_.enqueue(stream);
+  }
+  std::vector<StepShape> shapes;
+
+ private:
+  const StepPrep& prep_;
+};
+
+TEST(StepShapes, ExtendRowsRoundUpToTheGranuleWithinCapacity) {
+  EXPECT_EQ(kExtendRowGranule, 64);
+  EXPECT_EQ(extend_rows(0, 2400), 64);
+  EXPECT_EQ(extend_rows(1, 2400), 64);
+  EXPECT_EQ(extend_rows(64, 2400), 64);
+  EXPECT_EQ(extend_rows(65, 2400), 128);
+  EXPECT_EQ(extend_rows(2399, 2400), 2400);
+  EXPECT_EQ(extend_rows(2400, 2400), 2400);
+  EXPECT_EQ(extend_rows(5, 40), 40);
+}
+
+// An eager extend step that no graph replays hands the program its own rows (the step's tokens
+// rounded up to kExtendRowGranule; logits rows of a kEveryRow step no more than those), not
+// max_tokens: a short prefill chunk must not cost a max_tokens-row GEMM. With an extend mode
+// configured, the eager step keeps the capacity shape a replay has (the GEMM library sees the
+// same row count, so graph-on and graph-off engines stay bitwise equal). Decode keeps its bucket.
+TEST_F(StepPrepGpu, EagerExtendStepRunsItsOwnRows) {
+  Harness h(capacity_with_pools(40, 2400));
+  std::mt19937 rng(4321);
+  RecordingProgram program(*h.prep);
+  for (const bool extend_mode : {false, true}) {
+    StepGraphsConfig config;
+    config.buckets = {8, 40};
+    config.use_graphs = false;
+    if (extend_mode) config.modes = {GraphMode{StepMode::kExtend, 0, LogitRows::kEveryRow}};
+    StepGraphs graphs(*h.input, program, config);
+    int short_extends = 0;
+    for (int i = 0; i < 40; ++i) {
+      const StepMode mode = i % 4 == 3 ? StepMode::kDecode : StepMode::kExtend;
+      const std::int32_t n = 1 + static_cast<std::int32_t>(rng() % 40);
+      const GeneratedStep gs = random_step(rng, h.cap, mode, n);
+      program.shapes.clear();
+      ASSERT_EQ(graphs.step(gs.desc(), h.stream), StepPath::kEager);
+      ASSERT_EQ(program.shapes.size(), 1u);
+      const StepShape& sh = program.shapes[0];
+      const std::int32_t tokens = h.input->num_tokens();
+      const std::string what = "step " + std::to_string(i) + ", " + std::to_string(n) +
+                               " requests, " + std::to_string(tokens) + " tokens";
+      EXPECT_EQ(sh.mode, mode) << what;
+      if (mode == StepMode::kDecode) {
+        EXPECT_EQ(sh.token_capacity, n <= 8 ? 8 : 40) << what;
+      } else if (extend_mode) {
+        EXPECT_EQ(sh.token_capacity, h.cap.max_tokens) << what;
+      } else {
+        EXPECT_GE(sh.token_capacity, tokens) << what;
+        EXPECT_LT(sh.token_capacity, std::max(tokens, 1) + kExtendRowGranule) << what;
+        EXPECT_TRUE(sh.token_capacity % kExtendRowGranule == 0 ||
+                    sh.token_capacity == h.cap.max_tokens)
+            << what;
+        if (gs.logits == LogitRows::kEveryRow) {
+          EXPECT_LE(sh.logit_capacity, sh.token_capacity) << what;
+          EXPECT_GE(sh.logit_capacity, tokens) << what;
+        }
+        short_extends += sh.token_capacity < h.cap.max_tokens;
+      }
+    }
+    if (!extend_mode) EXPECT_GT(short_extends, 10) << "the random steps should be short";
+    h.stream.synchronize();
   }
 }
 
