@@ -21,9 +21,9 @@
 #                                                     host with 512 GB: 4 x 110 GB)
 #   GD_SANITIZE_GPUS=1                                spread jobs over this many GPUs
 #                                                     (CUDA_VISIBLE_DEVICES, round robin)
-#   GD_SANITIZE_LAUNCH_BLOCKING=1                     racecheck with CUDA_LAUNCH_BLOCKING=1 (below)
+#   GD_SANITIZE_LAUNCH_BLOCKING=1                     racecheck with --force-blocking-launches (below)
 #   GD_SANITIZE_RACECHECK_ARGS=''                     more compute-sanitizer options for racecheck
-#                                                     (word-split), e.g. a launch-blocking option
+#                                                     (word-split)
 #   GD_SANITIZE_SPLIT=''                              binaries matching this regex run as one
 #                                                     job per test (--gtest_filter), to spread a
 #                                                     long binary over several jobs
@@ -37,7 +37,7 @@
 # racecheck runs with GRAPHDECODE_PLAIN_GEMM=1: the engine's GEMMs then run a plain kernel of ours
 # (engine/kernels/plain_gemm.h) instead of cuBLAS, whose kernels cannot be excluded (below) and cost
 # host memory. Tests that call cuBLAS directly (test_skinny_gemm_gpu's reference) still report its
-# hazards as LIBRARY. It also runs with CUDA_LAUNCH_BLOCKING=1 (sanitize_one says why): without it
+# hazards as LIBRARY. It also runs with --force-blocking-launches (sanitize_one says why): without it
 # the engine binaries passed 105 GB of host memory each (engine/NOTES.md, "Next steps" 6).
 #
 # Why racecheck runs unfiltered: with `--kernel-name kns=graphdecode` (check only our kernels) the
@@ -103,18 +103,21 @@ sanitize_one() {
   log="$SAN_OUT/sanitize/${name//\//_}.$tool.log"
   : > "$log"
   # racecheck only: the engine's GEMMs on our plain kernel, not cuBLAS (engine/kernels/plain_gemm.h
-  # says why), and CUDA_LAUNCH_BLOCKING=1: its host memory grows with the launches queued ahead of
-  # the host (times their shared memory): probe_racecheck_memory's 264-CTA kernel with 16 KB
-  # reaches 17 GB within 100 launches, with 64 KB passes 28 GB in 15 s, and stays at 1.0 GB when
-  # the host waits for each launch (bench/results/h200_racecheck_probe_2026-11-27.txt). memcheck
-  # and initcheck keep cuBLAS and asynchronous launches.
-  local plain=0
-  [ "$tool" = racecheck ] && plain=1 && [ "$SAN_LAUNCH_BLOCKING" = 1 ] &&
-    export CUDA_LAUNCH_BLOCKING=1
+  # says why), and --force-blocking-launches: its host memory grows with the launches queued ahead
+  # of the host (times their shared memory): probe_racecheck_memory's 264-CTA kernel with 16 KB
+  # reaches 17 GB within 100 launches and stays at 1.0 GB when the host waits for each launch
+  # (bench/results/h200_racecheck_probe_2026-11-27.txt). CUDA_LAUNCH_BLOCKING=1 does not make the
+  # sanitizer wait (9 GB after 200 launches, as without it); --force-blocking-launches does (1 GB).
+  # memcheck and initcheck keep cuBLAS and asynchronous launches.
+  local plain=0 extra=()
+  if [ "$tool" = racecheck ]; then
+    plain=1
+    [ "$SAN_LAUNCH_BLOCKING" = 1 ] && extra+=(--force-blocking-launches)
+    read -r -a more <<< "$SAN_RACECHECK_ARGS"
+    extra+=("${more[@]}")
+  fi
   [ "$SAN_GPUS" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$gpu
-  local extra=()
-  [ "$tool" = racecheck ] && read -r -a extra <<< "$SAN_RACECHECK_ARGS"
-  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_PLAIN_GEMM=$plain \
+  GRAPHDECODE_SANITIZE=1 GRAPHDECODE_SANITIZE_TOOL=$tool GRAPHDECODE_PLAIN_GEMM=$plain \
     "$SAN_HERE/run-guarded.sh" "$rss" "$SAN_TIMEOUT" "$log" \
     compute-sanitizer --tool "$tool" "${extra[@]}" --print-limit 100 --error-exitcode 99 "$bin" \
     --gtest_brief=1 "${filter[@]}"

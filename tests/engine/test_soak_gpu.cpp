@@ -5,7 +5,9 @@
 // (EngineConfig::pipeline: the host model then counts the row of the step in flight).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "attention_check.h"  // base_seed / sanitize_mode
@@ -32,6 +34,11 @@ TEST_P(SoakGpu, EveryRequestEndsOnceAndTheLedgerMatchesTheHostModel) {
   soak::SoakConfig c;
   c.seed = testing::base_seed() + 17;
   c.requests = testing::sanitize_mode() ? p.requests / 20 : p.requests;
+  // Racecheck waits for every launch (scripts/sanitize.sh): a twentieth of the plain stream ran
+  // past 420 s there; the kernels are the same at any length.
+  const char* tool = std::getenv("GRAPHDECODE_SANITIZE_TOOL");
+  if (testing::sanitize_mode() && tool != nullptr && std::string(tool) == "racecheck")
+    c.requests = std::max<std::int64_t>(8, p.requests / 100);
   c.max_draft_tokens = p.k;
   c.ngram = p.ngram;
   c.eagle = p.eagle;

@@ -17,9 +17,15 @@ mkdir -p "$work/bin" "$work/tests"
 # The mock sanitizer: its behaviour depends on the test binary's name; it records the environment.
 cat > "$work/bin/compute-sanitizer" << 'EOF'
 #!/usr/bin/env bash
-tool=$2 bin=$7
-shift 7
-echo "env blocking=${CUDA_LAUNCH_BLOCKING-unset} plain=${GRAPHDECODE_PLAIN_GEMM-unset} gpu=${CUDA_VISIBLE_DEVICES-unset} args=$*"
+all="$*" tool="" bin=""
+while [ $# -gt 0 ]; do  # --tool T [options] --error-exitcode N BIN [test arguments]
+  case $1 in
+    --tool) tool=$2; shift 2 ;;
+    --error-exitcode) bin=$3; shift 3; break ;;
+    *) shift ;;
+  esac
+done
+echo "env blocking=${CUDA_LAUNCH_BLOCKING-unset} plain=${GRAPHDECODE_PLAIN_GEMM-unset} gpu=${CUDA_VISIBLE_DEVICES-unset} args=$all"
 summary() {  # errors
   if [ "$tool" = racecheck ]; then
     echo "========= RACECHECK SUMMARY: $1 hazards displayed ($1 errors, 0 warnings)"
@@ -101,9 +107,9 @@ expect "test_split_gpu:Params/Suite.B/eager" memcheck ok
 grep -q "ours 1 " <(grep -E "^test_ours_gpu +racecheck" "$summary") ||
   { echo "FAIL: test_ours_gpu's race is not counted as ours"; failures=$((failures + 1)); }
 logs="$work/out/sanitize"
-expect_log "$logs/test_clean_gpu.racecheck.log" "blocking=1 plain=1" \
+expect_log "$logs/test_clean_gpu.racecheck.log" "blocking=unset plain=1 .*args=--tool racecheck --force-blocking-launches " \
   "racecheck runs with blocking launches and the plain GEMM"
-expect_log "$logs/test_clean_gpu.memcheck.log" "blocking=unset plain=0" \
+expect_log "$logs/test_clean_gpu.memcheck.log" "blocking=unset plain=0 .*args=--tool memcheck --print-limit" \
   "memcheck keeps asynchronous launches and cuBLAS"
 expect_log "$logs/test_split_gpu:Params_Suite.B_eager.racecheck.log" \
   "args=.*--gtest_filter=Params/Suite.B/eager" "a split job runs its one test"
