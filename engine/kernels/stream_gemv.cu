@@ -15,10 +15,10 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * (1 + kConsumerWarps);  // warp 0 produces, warps 1..8 consume
 constexpr int kConsumerThreads = 32 * kConsumerWarps;
-constexpr int kTileRows = 8;    // W rows per tile: the mma's n
-constexpr int kChunkK = 1024;   // k per stage and W row: 2 KiB of a row
-constexpr int kRowPad = 16;     // bytes after each staged row: the 8 rows a warp reads hit
-                                // different banks (a row is a multiple of 128 bytes otherwise)
+constexpr int kTileRows = 8;   // W rows per tile: the mma's n
+constexpr int kChunkK = 1024;  // k per stage and W row: 2 KiB of a row
+constexpr int kRowPad = 16;    // bytes after each staged row: the 8 rows a warp reads hit
+                               // different banks (a row is a multiple of 128 bytes otherwise)
 constexpr int kStageRowBytes = kChunkK * 2 + kRowPad;
 constexpr int kStageBytes = kTileRows * kStageRowBytes;
 constexpr int kMaxStages = 8;  // 8 x 16.1 KiB in flight per SM
@@ -33,9 +33,9 @@ struct Params {
   const std::uint16_t* w;  // [n][k]
   void* y;                 // [rows][n]
   std::int32_t rows, k, n;
-  std::int32_t tiles;   // ceil(n / 8)
-  std::int32_t chunks;  // ceil(k / kChunkK): stages per tile
-  std::int32_t stages;  // ring depth, 2..kMaxStages
+  std::int32_t tiles;        // ceil(n / 8)
+  std::int32_t chunks;       // ceil(k / kChunkK): stages per tile
+  std::int32_t stages;       // ring depth, 2..kMaxStages
   std::int32_t x_row_bytes;  // 2k + kRowPad
   bool out_f32;
 };
@@ -70,8 +70,8 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t pari
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
                                           std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_addr(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
@@ -90,7 +90,8 @@ __device__ __forceinline__ void mma(float& c0, float& c1, std::uint32_t a01, std
       : "r"(a01), "r"(0u), "r"(a45), "r"(b01), "r"(b23));
 }
 
-__global__ void __launch_bounds__(kThreads, 1) stream_gemv_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_gemv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
   std::uint64_t* empty = full + kMaxStages;
@@ -250,9 +251,8 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.stages = ring_stages(dev, a.rows, a.k);
   p.x_row_bytes = 2 * a.k + kRowPad;
   p.out_f32 = a.out_f32;
-  const std::size_t smem =
-      static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
-      static_cast<std::size_t>(p.stages) * kStageBytes;
+  const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
+                           static_cast<std::size_t>(p.stages) * kStageBytes;
   const int grid = std::min(dev.sm_count, p.tiles);
   launch_pdl(stream_gemv_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
              p);
