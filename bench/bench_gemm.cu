@@ -1,5 +1,6 @@
 // bench_gemm: the decode GEMMs of a 1B Llama (hidden 2048, 16 layers) at rows 1, 2, 4, 8: the
-// skinny kernel (engine/kernels/skinny_gemm.h) vs cuBLAS (Gemm::set_skinny(false)) vs the floor.
+// skinny kernel (engine/kernels/skinny_gemm.h) and the stream GEMV (engine/kernels/stream_gemv.h,
+// experimental) vs cuBLAS (Gemm::set_skinny(false)) vs the floor.
 //
 //   bench_gemm [--json PATH] [--reps N]
 //
@@ -29,6 +30,7 @@
 #include "common/error.h"
 #include "common/stream.h"
 #include "engine/gemm.h"
+#include "engine/kernels/stream_gemv.h"
 #include "graphs/cuda_graph.h"
 
 namespace graphdecode::bench {
@@ -67,8 +69,9 @@ double replay_median_us(const CudaGraph& graph, int reps, cudaStream_t s) {
 struct Result {
   const Shape* shape = nullptr;
   std::int32_t rows = 0, copies = 0;
-  double weight_bytes = 0, cublas_us = 0, skinny_us = 0, floor_us = 0;
+  double weight_bytes = 0, cublas_us = 0, skinny_us = 0, stream_us = 0, floor_us = 0;
   bool skinny_taken = false;  // false: the skinny setting fell back to cuBLAS
+  bool stream_taken = false;  // false: the stream GEMV does not take the shape (stream_us 0)
 };
 
 // One shape at every row count: W copies live across the row counts.
@@ -101,6 +104,18 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
       });
       (skinny ? r.skinny_us : r.cublas_us) = replay_median_us(graph, reps, s) / kLaunches;
     }
+    const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+    r.stream_taken = stream_gemv_supported(dev, rows, sh.k);
+    if (r.stream_taken) {
+      const CudaGraph graph = CudaGraph::capture(s, [&] {
+        for (int i = 0; i < kLaunches; ++i)
+          stream_gemv(
+              dev,
+              {x.data(), w[i % copies].data(), y.data(), rows, sh.k, sh.n, sh.out == GemmOut::kF32},
+              s);
+      });
+      r.stream_us = replay_median_us(graph, reps, s) / kLaunches;
+    }
     out.push_back(r);
   }
   gemm.set_skinny(true);
@@ -115,7 +130,7 @@ const Result& find(const std::vector<Result>& rs, const char* name, std::int32_t
 // GEMM time of one decode step: 16 layers of qkv + o + gate_up + down, then lm_head.
 struct StepTotal {
   std::int32_t rows = 0;
-  double cublas_us = 0, skinny_us = 0, floor_us = 0;
+  double cublas_us = 0, skinny_us = 0, stream_us = 0, floor_us = 0;
 };
 std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
   std::vector<StepTotal> t;
@@ -126,6 +141,7 @@ std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
       const int times = std::string(sh.name) == "lm_head" ? 1 : kLayers;
       st.cublas_us += times * r.cublas_us;
       st.skinny_us += times * r.skinny_us;
+      st.stream_us += times * r.stream_us;
       st.floor_us += times * r.floor_us;
     }
     t.push_back(st);
@@ -134,20 +150,22 @@ std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
 }
 
 void print(const std::vector<Result>& rs, const std::vector<StepTotal>& totals) {
-  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %9s %8s %8s %8s\n", "shape", "k", "n", "M",
-              "W MiB", "copies", "cuBLAS us", "skinny us", "floor us", "%floor", "cuB%flr",
-              "speedup");
+  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %9s %8s %8s %8s %8s\n", "shape", "k", "n",
+              "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us", "floor us", "%floor",
+              "cuB%flr", "str%flr", "speedup");
   for (const Result& r : rs)
-    std::printf("%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %9.2f %7.1f%% %7.1f%% %7.2fx%s\n",
-                r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
-                r.cublas_us, r.skinny_us, r.floor_us, 100.0 * r.floor_us / r.skinny_us,
-                100.0 * r.floor_us / r.cublas_us, r.cublas_us / r.skinny_us,
-                r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
+    std::printf(
+        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %7.2fx%s\n",
+        r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
+        r.cublas_us, r.skinny_us, r.stream_us, r.floor_us, 100.0 * r.floor_us / r.skinny_us,
+        100.0 * r.floor_us / r.cublas_us, r.stream_taken ? 100.0 * r.floor_us / r.stream_us : 0.0,
+        r.cublas_us / r.skinny_us, r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
   std::printf("\none decode step's GEMMs (16 x (qkv + o + gate_up + down) + lm_head)\n");
-  std::printf("%4s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "floor us", "speedup");
+  std::printf("%4s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
+              "floor us", "speedup");
   for (const StepTotal& t : totals)
-    std::printf("%4d %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us, t.floor_us,
-                t.cublas_us / t.skinny_us);
+    std::printf("%4d %12.1f %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
+                t.stream_us, t.floor_us, t.cublas_us / t.skinny_us);
 }
 
 void write_json(const std::string& path, const cudaDeviceProp& prop, double copy_gbps, int reps,
@@ -165,18 +183,19 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, double copy
       << (r.shape->out == GemmOut::kF32 ? "f32" : "bf16")
       << "\", \"weight_bytes\": " << r.weight_bytes << ", \"copies\": " << r.copies
       << ", \"cublas_us\": " << r.cublas_us << ", \"skinny_us\": " << r.skinny_us
-      << ", \"floor_us\": " << r.floor_us
+      << ", \"stream_us\": " << r.stream_us << ", \"floor_us\": " << r.floor_us
       << ", \"skinny_pct_floor\": " << 100.0 * r.floor_us / r.skinny_us
       << ", \"cublas_pct_floor\": " << 100.0 * r.floor_us / r.cublas_us
-      << ", \"skinny_taken\": " << (r.skinny_taken ? "true" : "false") << "}"
+      << ", \"skinny_taken\": " << (r.skinny_taken ? "true" : "false")
+      << ", \"stream_taken\": " << (r.stream_taken ? "true" : "false") << "}"
       << (i + 1 < rs.size() ? "," : "") << "\n";
   }
   f << "  ],\n  \"step_totals\": [\n";
   for (std::size_t i = 0; i < totals.size(); ++i) {
     const StepTotal& t = totals[i];
     f << "    {\"rows\": " << t.rows << ", \"cublas_us\": " << t.cublas_us
-      << ", \"skinny_us\": " << t.skinny_us << ", \"floor_us\": " << t.floor_us << "}"
-      << (i + 1 < totals.size() ? "," : "") << "\n";
+      << ", \"skinny_us\": " << t.skinny_us << ", \"stream_us\": " << t.stream_us
+      << ", \"floor_us\": " << t.floor_us << "}" << (i + 1 < totals.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/kernels/plain_gemm.h"
+#include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
 
@@ -24,6 +25,8 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   }
   const char* plain = std::getenv("GRAPHDECODE_PLAIN_GEMM");
   plain_ = plain != nullptr && std::strcmp(plain, "1") == 0;
+  const char* gemv = std::getenv("GRAPHDECODE_GEMV");
+  stream_ = gemv != nullptr && std::strcmp(gemv, "stream") == 0;
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
     if (std::strcmp(mode, "off") == 0) skinny_mode_ = SkinnyMode::kOff;
@@ -60,6 +63,14 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
   if (a.rows == 0) return;
   if (plain_) {
     plain_gemm({a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32}, stream);
+    return;
+  }
+  if (stream_ && a.rows <= kSkinnyMaxRows && a.in % 8 == 0 &&
+      stream_gemv_supported(skinny_dev_, a.rows, a.in) &&
+      reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 &&
+      reinterpret_cast<std::uintptr_t>(a.w) % 16 == 0) {
+    stream_gemv(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
+                stream);
     return;
   }
   if (uses_skinny(a)) {

@@ -70,7 +70,8 @@ class Gemm {
   //                    rows <= 4 (the 1B MLP down projection, ~1.05x); cuBLAS elsewhere.
   //   kAlways: every supported call (tests, benchmarks).  kOff: cuBLAS only.
   // GRAPHDECODE_SKINNY=always|off in the environment when the Gemm is made sets the mode (A/B of
-  // the model step in bench_decode); anything else keeps kAuto.
+  // the model step in bench_decode); anything else keeps kAuto. GRAPHDECODE_GEMV=stream (an
+  // experiment, engine/kernels/stream_gemv.h): every call the stream GEMV takes runs it instead.
   enum class SkinnyMode : std::uint8_t { kOff, kAuto, kAlways };
   void set_skinny_mode(SkinnyMode m) noexcept { skinny_mode_ = m; }
   void set_skinny(bool on) noexcept { skinny_mode_ = on ? SkinnyMode::kAlways : SkinnyMode::kOff; }
@@ -88,6 +89,7 @@ class Gemm {
   SkinnyGemmDevice skinny_dev_;
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
   bool plain_ = false;
+  bool stream_ = false;  // GRAPHDECODE_GEMV=stream
 };
 
 }  // namespace graphdecode

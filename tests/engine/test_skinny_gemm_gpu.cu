@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -30,7 +31,9 @@
 #include "common/stream.h"
 #include "engine/gemm.h"
 #include "engine/kernels/skinny_gemm.h"
+#include "engine/kernels/stream_gemv.h"
 #include "graphs/cuda_graph.h"
+#include "support/field_of.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -98,17 +101,17 @@ DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
   return d;
 }
 
-// Runs one GEMM into a poisoned buffer; returns the outputs, or fails if one is unwritten or the
-// guard past the end was touched.
-::testing::AssertionResult run_gemm(const Gemm& gemm, const GemmArgs& args, cudaStream_t s,
-                                    std::vector<double>& got) {
+// Runs one GEMM (`launch`, given args with y set) into a poisoned buffer; returns the outputs, or
+// fails if one is unwritten or the guard past the end was touched.
+::testing::AssertionResult run_into(const GemmArgs& args, cudaStream_t s, std::vector<double>& got,
+                                    const std::function<void(const GemmArgs&)>& launch) {
   const std::size_t n = static_cast<std::size_t>(args.rows) * args.out;
   const std::size_t esize = args.out_type == GemmOut::kF32 ? 4 : 2;
   DeviceBuffer<std::uint8_t> y((n + kGuard) * esize);
   y.fill_bytes(0xff, s);  // NaN as bf16 and as float
   GemmArgs a = args;
   a.y = y.data();
-  gemm.run(a, s);
+  launch(a);
   std::vector<std::uint8_t> h(y.size());
   y.download(h.data(), h.size(), s);
   GD_CUDA(cudaStreamSynchronize(s));
@@ -128,6 +131,20 @@ DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
     if (std::isnan(got[i])) return ::testing::AssertionFailure() << "element " << i << " unwritten";
   }
   return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult run_gemm(const Gemm& gemm, const GemmArgs& args, cudaStream_t s,
+                                    std::vector<double>& got) {
+  return run_into(args, s, got, [&](const GemmArgs& a) { gemm.run(a, s); });
+}
+
+// The stream GEMV (engine/kernels/stream_gemv.h) on the same arguments.
+SkinnyGemmArgs skinny_args(const GemmArgs& a) {
+  return {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32};
+}
+::testing::AssertionResult run_stream(const SkinnyGemmDevice& dev, const GemmArgs& args,
+                                      cudaStream_t s, std::vector<double>& got) {
+  return run_into(args, s, got, [&](const GemmArgs& a) { stream_gemv(dev, skinny_args(a), s); });
 }
 
 ::testing::AssertionResult matches(const Problem& p, const std::vector<double>& got,
@@ -280,6 +297,95 @@ TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
     graph.launch(s);
     EXPECT_TRUE(snapshot() == eager) << "replay " << replay;
   }
+}
+
+// The stream GEMV against float64 (exact inputs: bit for bit) at the decode shapes and at edges:
+// a partial last tile (n % 8 != 0), a partial last stage (k % 1024 != 0), one short stage (k 64),
+// x at its largest (rows 8 x k 8192: fewer ring stages), lm_head's n; every element written.
+TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  std::vector<std::pair<int, int>> shapes{{64, 8}, {1000, 1001}, {2048, 1000}};  // {k, n}
+  if (!sanitize_mode()) shapes.insert(shapes.end(), {{2048, 3072}, {8192, 2048}, {2048, 128256}});
+  for (const auto& [k, n] : shapes)
+    for (bool exact : {false, true}) {
+      if (n > 100000 && exact) continue;  // lm_head: the float64 reference once is enough
+      const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, exact);
+      auto dw = to_device(w, s);
+      for (int rows : {1, 3, 8}) {
+        if (n > 100000 && rows == 3) continue;
+        const Problem p = make_problem(rng, rows, k, n, exact, &w);
+        auto dx = to_device(p.x, s);
+        for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
+          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
+                       std::to_string(n) + (exact ? " exact" : " random") +
+                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          ASSERT_TRUE(stream_gemv_supported(dev, rows, k));
+          std::vector<double> got;
+          ASSERT_TRUE(run_stream(dev, {dx.data(), dw.data(), nullptr, rows, k, n, out}, s, got));
+          EXPECT_TRUE(matches(p, got, nullptr, out));
+        }
+      }
+    }
+}
+
+// Captured in a graph (a programmatic dependent of the GEMM before it), the stream GEMV replays
+// bitwise equal to eager, replay after replay.
+TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  const Problem p = make_problem(rng, 5, 2048, 3072, false);
+  auto dx = to_device(p.x, s), dw = to_device(p.w, s);
+  DeviceBuffer<float> y1(p.ref.size()), y2(p.ref.size());
+  const SkinnyGemmArgs a1{dx.data(), dw.data(), y1.data(), p.rows, p.k, p.n, true};
+  const SkinnyGemmArgs a2{dx.data(), dw.data(), y2.data(), p.rows, p.k, p.n, true};
+  const auto snapshot = [&] {
+    std::vector<float> h(2 * y1.size());
+    y1.download(h.data(), y1.size(), s);
+    y2.download(h.data() + y1.size(), y2.size(), s);
+    GD_CUDA(cudaStreamSynchronize(s));
+    return h;
+  };
+  stream_gemv(dev, a1, s);
+  stream_gemv(dev, a2, s);
+  const std::vector<float> eager = snapshot();
+  const CudaGraph graph = CudaGraph::capture(s, [&] {
+    stream_gemv(dev, a1, s);
+    stream_gemv(dev, a2, s);
+  });
+  for (int replay = 0; replay < 3; ++replay) {
+    y1.fill_bytes(0xff, s);
+    y2.fill_bytes(0xff, s);
+    graph.launch(s);
+    const std::vector<float> got = snapshot();
+    EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * sizeof(float)), 0)
+        << "replay " << replay;
+  }
+}
+
+TEST_F(SkinnyGemmGpu, StreamGemvRejectsBadArguments) {
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  Stream s;
+  DeviceBuffer<std::uint16_t> x(8 * 64 + 8), w(64 * 64);
+  DeviceBuffer<float> y(8 * 64);
+  const SkinnyGemmArgs good{x.data(), w.data(), y.data(), 8, 64, 64, true};
+  auto field = [&](auto edit) {
+    SkinnyGemmArgs a = good;
+    edit(a);
+    return field_of([&] { stream_gemv(dev, a, s); });
+  };
+  EXPECT_EQ(field([](SkinnyGemmArgs& a) { a.rows = 9; }), "rows");
+  EXPECT_EQ(field([](SkinnyGemmArgs& a) { a.k = 60; }), "k");
+  EXPECT_EQ(field([](SkinnyGemmArgs& a) { a.n = 0; }), "n");
+  EXPECT_EQ(field([&](SkinnyGemmArgs& a) { a.x = x.data() + 1; }), "x");
+  EXPECT_EQ(field([](SkinnyGemmArgs& a) { a.w = nullptr; }), "w");
+  EXPECT_EQ(field([](SkinnyGemmArgs& a) { a.k = 1 << 20; }), "rows * k");
+  EXPECT_FALSE(stream_gemv_supported(dev, 8, 1 << 20));
+  GD_CUDA(cudaStreamSynchronize(s));
 }
 
 TEST_F(SkinnyGemmGpu, RejectsBadArguments) {

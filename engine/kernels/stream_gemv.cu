@@ -1,0 +1,261 @@
+// Streaming GEMV (rows <= 8): W through a shared-memory ring of bulk copies. See stream_gemv.h.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/pdl.cuh"
+#include "engine/kernels/stream_gemv.h"
+
+namespace graphdecode {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = 32 * (1 + kConsumerWarps);  // warp 0 produces, warps 1..8 consume
+constexpr int kConsumerThreads = 32 * kConsumerWarps;
+constexpr int kTileRows = 8;   // W rows per tile: the mma's n
+constexpr int kChunkK = 1024;  // k per stage and W row: 2 KiB of a row
+constexpr int kRowPad = 16;    // bytes after each staged row: the 8 rows a warp reads hit
+                               // different banks (a row is a multiple of 128 bytes otherwise)
+constexpr int kStageRowBytes = kChunkK * 2 + kRowPad;
+constexpr int kStageBytes = kTileRows * kStageRowBytes;
+constexpr int kMaxStages = 8;  // 8 x 16.1 KiB in flight per SM
+constexpr int kRedFloats = kConsumerWarps * kSkinnyMaxRows * kTileRows;
+// Shared memory: [full, empty barriers: kMaxStages each][partials: 2 x kRedFloats][x rows][ring]
+constexpr int kBarrierBytes = 2 * kMaxStages * 8;
+constexpr int kRedBytes = 2 * kRedFloats * 4;
+constexpr int kFixedBytes = kBarrierBytes + kRedBytes;
+
+struct Params {
+  const std::uint16_t* x;  // [rows][k]
+  const std::uint16_t* w;  // [n][k]
+  void* y;                 // [rows][n]
+  std::int32_t rows, k, n;
+  std::int32_t tiles;        // ceil(n / 8)
+  std::int32_t chunks;       // ceil(k / kChunkK): stages per tile
+  std::int32_t stages;       // ring depth, 2..kMaxStages
+  std::int32_t x_row_bytes;  // 2k + kRowPad
+  bool out_f32;
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+// One arrival that also expects `bytes` of bulk copies before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the phase of `parity` has completed (parity 1 before any phase: at once).
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned), counted on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+// The consumer warps' barrier (the producer warp is not part of it).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+// (c0, c1) += A * B for m16n8k16 (bf16, fp32 accumulate); A rows 8..15 zero (as skinny_gemm.cu).
+__device__ __forceinline__ void mma(float& c0, float& c1, std::uint32_t a01, std::uint32_t a45,
+                                    std::uint32_t b01, std::uint32_t b23) {
+  float c2 = 0.f, c3 = 0.f;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %5}, "
+      "{%7, %8}, {%0, %1, %2, %3};"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a01), "r"(0u), "r"(a45), "r"(b01), "r"(b23));
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_gemv_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
+  std::uint64_t* empty = full + kMaxStages;
+  float* red = reinterpret_cast<float*>(smem + kBarrierBytes);
+  unsigned char* xs = smem + kFixedBytes;
+  unsigned char* ring = xs + p.rows * p.x_row_bytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tb = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.tiles / gridDim.x);
+  const int te = static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.tiles / gridDim.x);
+  const int items = (te - tb) * p.chunks;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == 0) {  // producer: item i = (tile tb + i / chunks, chunk i % chunks) into stage i % S
+    for (int i = 0; i < items; ++i) {
+      // W depends on no kernel of the step: the ring's first fill runs before the wait for the
+      // kernel before this one; then wait (so this CTA triggers only after it, pdl.cuh's promise).
+      if (i == p.stages) {
+        pdl_wait_for_prior_grid();
+        pdl_launch_dependents();
+      }
+      const int s = i % p.stages;
+      const int tile = tb + i / p.chunks, c = i % p.chunks;
+      const int valid = min(kTileRows, p.n - tile * kTileRows);
+      const int kc = min(kChunkK, p.k - c * kChunkK);
+      if (lane == 0) {
+        mbar_wait(&empty[s], ((i / p.stages) & 1) ^ 1);  // released by the consumers
+        mbar_arrive_expect_tx(&full[s], static_cast<std::uint32_t>(valid * kc * 2));
+      }
+      __syncwarp();
+      if (lane < valid)
+        bulk_copy(ring + s * kStageBytes + lane * kStageRowBytes,
+                  p.w + static_cast<std::size_t>(tile * kTileRows + lane) * p.k + c * kChunkK,
+                  static_cast<std::uint32_t>(kc * 2), &full[s]);
+    }
+    if (items <= p.stages) {  // the loop never reached the wait
+      pdl_wait_for_prior_grid();
+      pdl_launch_dependents();
+    }
+    return;
+  }
+
+  // Consumers: x into shared memory once (after the wait: the kernel before may write it).
+  const int cw = warp - 1, ct = threadIdx.x - 32;
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int xch = p.k / 8;  // 16-byte chunks per x row
+  for (int idx = ct; idx < p.rows * xch; idx += kConsumerThreads) {
+    const int r = idx / xch, ch = idx - r * xch;
+    *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
+        *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
+  }
+  consumers_sync();
+
+  const int g = lane >> 2, t = lane & 3;  // mma: W row (B column) and x row (A row) g, k quarter t
+  const bool x_row = g < p.rows;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  int i = 0;
+  for (int tile = tb; tile < te; ++tile) {
+    float acc0 = 0.f, acc1 = 0.f;  // D[x row g][W rows 2t, 2t + 1]
+    for (int c = 0; c < p.chunks; ++c, ++i) {
+      const int s = i % p.stages;
+      const int nch = min(kChunkK, p.k - c * kChunkK) / 8;  // 16-byte chunks of this stage's rows
+      mbar_wait(&full[s], (i / p.stages) & 1);
+      const unsigned char* wrow = ring + s * kStageBytes + g * kStageRowBytes;
+      const unsigned char* xrow = xs + g * p.x_row_bytes + c * kChunkK * 2;
+      // Steps of 4 chunks (one per t) over the stage's k, dealt round robin to the 8 warps. The
+      // same chunk index feeds A and B: k permuted alike, so each fragment is one 16-byte chunk.
+      // The mma is warp-wide: lanes past the stage's last chunk multiply zeros instead.
+      for (int step = cw; step * 4 < nch; step += kConsumerWarps) {
+        const int ch = step * 4 + t;
+        const bool in = ch < nch;
+        const uint4 b = in ? *reinterpret_cast<const uint4*>(wrow + ch * 16) : zero;
+        const uint4 a = in && x_row ? *reinterpret_cast<const uint4*>(xrow + ch * 16) : zero;
+        mma(acc0, acc1, a.x, a.y, b.x, b.y);
+        mma(acc0, acc1, a.z, a.w, b.z, b.w);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+    }
+    // The tile's 8 warp partials, summed in a fixed order (bitwise reproducible). The partial
+    // buffers alternate by tile, so one barrier per tile suffices (as skinny_gemm.cu).
+    float* part = red + ((tile - tb) & 1) * kRedFloats;  // [warp][x row][W row]
+    *reinterpret_cast<float2*>(part + (cw * kSkinnyMaxRows + g) * kTileRows + 2 * t) =
+        make_float2(acc0, acc1);
+    consumers_sync();
+    if (ct < kSkinnyMaxRows * kTileRows) {
+      const int m = ct / kTileRows, col = tile * kTileRows + ct % kTileRows;
+      if (m < p.rows && col < p.n) {
+        float sum = 0.f;
+        for (int q = 0; q < kConsumerWarps; ++q)
+          sum += part[(q * kSkinnyMaxRows + m) * kTileRows + ct % kTileRows];
+        const std::size_t at = static_cast<std::size_t>(m) * p.n + col;
+        if (p.out_f32)
+          static_cast<float*>(p.y)[at] = sum;
+        else
+          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(sum);
+      }
+    }
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// Bytes of shared memory for x of `rows` rows and the fixed part; the ring gets the rest.
+std::int64_t fixed_and_x_bytes(std::int32_t rows, std::int32_t k) {
+  return kFixedBytes + static_cast<std::int64_t>(rows) * (2LL * k + kRowPad);
+}
+
+std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  const std::int64_t left = dev.max_smem - fixed_and_x_bytes(rows, k);
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(left / kStageBytes, 0, kMaxStages));
+}
+
+}  // namespace
+
+bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  return rows >= 1 && rows <= kSkinnyMaxRows && k > 0 && k % 8 == 0 &&
+         ring_stages(dev, rows, k) >= 2;
+}
+
+void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
+  GD_REQUIRE(dev.sm_count > 0, "dev.sm_count", dev.sm_count, "use SkinnyGemmDevice::current()");
+  GD_REQUIRE(a.rows >= 1 && a.rows <= kSkinnyMaxRows, "rows", a.rows, "stream GEMV takes 1..8");
+  GD_REQUIRE(a.k > 0 && a.k % 8 == 0, "k", a.k, "must be a positive multiple of 8");
+  GD_REQUIRE(a.n > 0, "n", a.n, "must be positive");
+  GD_REQUIRE(stream_gemv_supported(dev, a.rows, a.k), "rows * k", a.rows * a.k,
+             "x and two stages do not fit in shared memory");
+  GD_REQUIRE(a.x != nullptr && aligned16(a.x), "x", a.x, "must be non-null and 16-byte aligned");
+  GD_REQUIRE(a.w != nullptr && aligned16(a.w), "w", a.w, "must be non-null and 16-byte aligned");
+  GD_REQUIRE(a.y != nullptr, "y", "nullptr", "must be non-null");
+  // The opt-in limit once per process (one device: the engine's model).
+  static const bool opted_in = [&] {
+    GD_CUDA(cudaFuncSetAttribute(stream_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 dev.max_smem));
+    return true;
+  }();
+  static_cast<void>(opted_in);
+  Params p{};
+  p.x = a.x;
+  p.w = a.w;
+  p.y = a.y;
+  p.rows = a.rows;
+  p.k = a.k;
+  p.n = a.n;
+  p.tiles = (a.n + kTileRows - 1) / kTileRows;
+  p.chunks = (a.k + kChunkK - 1) / kChunkK;
+  p.stages = ring_stages(dev, a.rows, a.k);
+  p.x_row_bytes = 2 * a.k + kRowPad;
+  p.out_f32 = a.out_f32;
+  const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
+                           static_cast<std::size_t>(p.stages) * kStageBytes;
+  const int grid = std::min(dev.sm_count, p.tiles);
+  launch_pdl(stream_gemv_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
+             p);
+}
+
+}  // namespace graphdecode
