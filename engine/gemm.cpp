@@ -25,8 +25,10 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   }
   const char* plain = std::getenv("GRAPHDECODE_PLAIN_GEMM");
   plain_ = plain != nullptr && std::strcmp(plain, "1") == 0;
-  const char* gemv = std::getenv("GRAPHDECODE_GEMV");
-  stream_ = gemv != nullptr && std::strcmp(gemv, "stream") == 0;
+  if (const char* gemv = std::getenv("GRAPHDECODE_GEMV")) {
+    if (std::strcmp(gemv, "stream") == 0) gemv_mode_ = GemvMode::kAlways;
+    if (std::strcmp(gemv, "off") == 0) gemv_mode_ = GemvMode::kOff;
+  }
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
     if (std::strcmp(mode, "off") == 0) skinny_mode_ = SkinnyMode::kOff;
@@ -44,10 +46,27 @@ bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
   const auto aligned16 = [](const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
   };
-  if (skinny_mode_ == SkinnyMode::kOff) return false;
+  if (skinny_mode_ == SkinnyMode::kOff || uses_stream_gemv(a)) return false;
   if (skinny_mode_ == SkinnyMode::kAuto && (a.in < 8192 || a.rows > 4)) return false;
   return a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
          aligned16(a.x) && aligned16(a.w);
+}
+
+bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
+  const auto aligned16 = [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  };
+  if (gemv_mode_ == GemvMode::kOff) return false;
+  // kAuto: an explicit skinny mode (tests, bench_gemm's columns) is what it says; otherwise only
+  // the shapes bench_gemm measured the stream GEMV ahead of cuBLAS and of the skinny kernel on
+  // the H200 (bench/results/h200_bench_gemm_stream_2026-11-27.txt, rows 1-4): 1B qkv (n 3072,
+  // 5.83 vs 6.20 us), o (n 2048, 4.59 vs 5.83) and down (n 2048 k 8192, 12.07 vs 12.83). It loses
+  // at n 16384 and at lm_head, and at 8 rows on qkv and down.
+  if (gemv_mode_ == GemvMode::kAuto &&
+      (skinny_mode_ != SkinnyMode::kAuto || a.rows > 4 || a.out > kStreamGemvMaxOutAuto))
+    return false;
+  return a.rows >= 1 && a.rows <= kSkinnyMaxRows && a.out > 0 &&
+         stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);
 }
 
 Gemm::~Gemm() {
@@ -65,10 +84,7 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
     plain_gemm({a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32}, stream);
     return;
   }
-  if (stream_ && a.rows <= kSkinnyMaxRows && a.in % 8 == 0 &&
-      stream_gemv_supported(skinny_dev_, a.rows, a.in) &&
-      reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 &&
-      reinterpret_cast<std::uintptr_t>(a.w) % 16 == 0) {
+  if (uses_stream_gemv(a)) {
     stream_gemv(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
                 stream);
     return;

@@ -70,14 +70,23 @@ class Gemm {
   //                    rows <= 4 (the 1B MLP down projection, ~1.05x); cuBLAS elsewhere.
   //   kAlways: every supported call (tests, benchmarks).  kOff: cuBLAS only.
   // GRAPHDECODE_SKINNY=always|off in the environment when the Gemm is made sets the mode (A/B of
-  // the model step in bench_decode); anything else keeps kAuto. GRAPHDECODE_GEMV=stream (an
-  // experiment, engine/kernels/stream_gemv.h): every call the stream GEMV takes runs it instead.
+  // the model step in bench_decode); anything else keeps kAuto.
   enum class SkinnyMode : std::uint8_t { kOff, kAuto, kAlways };
   void set_skinny_mode(SkinnyMode m) noexcept { skinny_mode_ = m; }
   void set_skinny(bool on) noexcept { skinny_mode_ = on ? SkinnyMode::kAlways : SkinnyMode::kOff; }
   SkinnyMode skinny_mode() const noexcept { return skinny_mode_; }
-  // True when run(args) takes the skinny kernel rather than cuBLAS.
+  // True when run(args) takes the skinny kernel rather than cuBLAS (and not the stream GEMV).
   bool uses_skinny(const GemmArgs& args) const noexcept;
+
+  // When the stream GEMV (engine/kernels/stream_gemv.h) runs, before the skinny kernel or cuBLAS:
+  //   kAuto (default): rows <= 4 and out <= kStreamGemvMaxOutAuto, with the skinny mode at kAuto
+  //                    (where bench_gemm measured it ahead, gemm.cpp says which shapes);
+  //   kAlways: every call it takes (GRAPHDECODE_GEMV=stream);  kOff: never (GRAPHDECODE_GEMV=off).
+  enum class GemvMode : std::uint8_t { kOff, kAuto, kAlways };
+  static constexpr std::int32_t kStreamGemvMaxOutAuto = 3072;
+  void set_gemv_mode(GemvMode m) noexcept { gemv_mode_ = m; }
+  GemvMode gemv_mode() const noexcept { return gemv_mode_; }
+  bool uses_stream_gemv(const GemmArgs& args) const noexcept;
   // GRAPHDECODE_PLAIN_GEMM=1 in the environment when the Gemm was made: every GEMM runs the plain
   // kernel of engine/kernels/plain_gemm.h instead of cuBLAS or the skinny kernel (racecheck runs;
   // the reason is in that header).
@@ -89,7 +98,7 @@ class Gemm {
   SkinnyGemmDevice skinny_dev_;
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
   bool plain_ = false;
-  bool stream_ = false;  // GRAPHDECODE_GEMV=stream
+  GemvMode gemv_mode_ = GemvMode::kAuto;
 };
 
 }  // namespace graphdecode

@@ -1,8 +1,8 @@
-// Streaming GEMV for decode (experimental; not wired into Gemm until bench_gemm shows it ahead of
-// cuBLAS): y[rows][n] = x[rows][k] * W^T with rows <= 8, W [n][k] row-major bf16, fp32
-// accumulation, bf16 (round to nearest even) or float output. The same contract as the skinny
-// GEMM (skinny_gemm.h), built differently, for the shapes where the skinny kernel loses to cuBLAS
-// (n <= 3072 at k = 2048, and lm_head; bench/results/h100_bench_gemm.txt):
+// Streaming GEMV for decode (Gemm::run takes it where bench_gemm measured it ahead of cuBLAS and
+// of the skinny kernel: engine/gemm.h GemvMode): y[rows][n] = x[rows][k] * W^T with rows <= 8, W
+// [n][k] row-major bf16, fp32 accumulation, bf16 (round to nearest even) or float output. The same
+// contract as the skinny GEMM (skinny_gemm.h), built differently, for the shapes where the skinny
+// kernel loses to cuBLAS (n <= 3072 at k = 2048, and lm_head; bench/results/h100_bench_gemm.txt):
 // * bytes in flight without registers: a producer warp streams W through a ring of shared-memory
 //   stages with bulk copies (cp.async.bulk, one per W row of a stage, completion counted on an
 //   mbarrier), up to 8 stages of 8 W rows x 1024 k (16 KiB) per SM;

@@ -367,6 +367,52 @@ TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
   }
 }
 
+// Gemm's default choice: the stream GEMV at rows <= 4 and out <= kStreamGemvMaxOutAuto (the 1B
+// qkv, o and down projections), cuBLAS or the skinny kernel elsewhere (gate_up's n, 8 rows); an
+// explicit skinny mode and GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
+// output is bitwise the stream GEMV's and within the float64 bound.
+TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  Gemm gemm;
+  ASSERT_EQ(gemm.gemv_mode(), Gemm::GemvMode::kAuto);
+  const Bits w = random_bits(rng, static_cast<std::size_t>(3072) * 2048, false);
+  auto dw = to_device(w, s);
+  DeviceBuffer<std::uint16_t> big_x(8 * 8192);
+  const auto args = [&](int rows, int k, int n) {
+    return GemmArgs{big_x.data(), dw.data(), nullptr, rows, k, n, GemmOut::kBF16};
+  };
+  for (int rows : {1, 2, 4}) {
+    EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 2048, 3072))) << "qkv, rows " << rows;
+    EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 2048, 2048))) << "o, rows " << rows;
+    EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 8192, 768))) << "down-like, rows " << rows;
+    EXPECT_FALSE(gemm.uses_skinny(args(rows, 8192, 768))) << "the stream GEMV comes first";
+  }
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(8, 2048, 3072))) << "8 rows: cuBLAS";
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(5, 2048, 3072))) << "5 rows: cuBLAS";
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(1, 2048, 3073))) << "out past the bound: cuBLAS";
+  gemm.set_skinny(true);
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(1, 2048, 3072))) << "an explicit skinny mode";
+  EXPECT_TRUE(gemm.uses_skinny(args(1, 2048, 3072)));
+  gemm.set_skinny_mode(Gemm::SkinnyMode::kAuto);
+  gemm.set_gemv_mode(Gemm::GemvMode::kOff);
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(1, 2048, 3072))) << "GEMV off";
+  gemm.set_gemv_mode(Gemm::GemvMode::kAuto);
+  for (int rows : {1, 3}) {
+    const Problem p = make_problem(rng, rows, 2048, 3072, false, &w);
+    auto dx = to_device(p.x, s);
+    const GemmArgs a{dx.data(), dw.data(), nullptr, rows, 2048, 3072, GemmOut::kBF16};
+    ASSERT_TRUE(gemm.uses_stream_gemv(a));
+    std::vector<double> via_gemm, direct;
+    ASSERT_TRUE(run_gemm(gemm, a, s, via_gemm));
+    ASSERT_TRUE(run_stream(dev, a, s, direct));
+    EXPECT_EQ(via_gemm, direct) << "rows " << rows;
+    EXPECT_TRUE(matches(p, via_gemm, nullptr, GemmOut::kBF16)) << "rows " << rows;
+  }
+}
+
 TEST_F(SkinnyGemmGpu, StreamGemvRejectsBadArguments) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   Stream s;
