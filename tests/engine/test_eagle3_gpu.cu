@@ -288,6 +288,7 @@ void make_shift(HostWeights& target, EagleWeights& head) {
 class Eagle3Greedy : public Eagle3Gpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(Eagle3Greedy, TokensEqualPlainGreedyDecoding) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
@@ -341,6 +342,7 @@ INSTANTIATE_TEST_SUITE_P(GraphsOnOff, Eagle3Greedy, ::testing::Bool(),
 class Eagle3Engine : public Eagle3Gpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(Eagle3Engine, GreedyTokensEqualPlainDecodingAndBadRequestsAreRefused) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();

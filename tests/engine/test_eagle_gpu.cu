@@ -290,6 +290,7 @@ void make_bigram(HostWeights& target, EagleWeights& head) {
 class EagleGreedy : public EagleGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(EagleGreedy, TokensEqualPlainGreedyDecoding) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
@@ -341,6 +342,7 @@ INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EagleGreedy, ::testing::Bool(),
 class EagleEngine : public EagleGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(EagleEngine, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();

@@ -361,6 +361,7 @@ INSTANTIATE_TEST_SUITE_P(PlainOrSpeculative, EngineCancel, ::testing::Bool(),
 class EngineSpeculative : public EngineGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(EngineSpeculative, GreedyTokensEqualPlainDecodingUnderContinuousBatching) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();

@@ -320,6 +320,7 @@ TEST_F(PrefixCacheGpu, PoolUnderPressureEvictsAndRequestsWait) {
 // hit's tokens from the pages: LookupHitsProposeFromTheSharedPrompt). The greedy tokens are the
 // plain cache-off engine's.
 TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();
@@ -386,6 +387,7 @@ TEST_F(PrefixCacheGpu, SpeculativeHitsIncludeTheDraftsPages) {
 // chain). Acceptance with the cache equals the cache-off engine's (within 2 tokens); greedy tokens
 // are the chain and confirmed by the float64 reference.
 TEST_F(PrefixCacheGpu, LookupHitsProposeFromTheSharedPrompt) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding layers
@@ -518,6 +520,7 @@ class PublishedPagesUnchanged {
 // (EaglePrep.ChunkAtAPrefixHitDropsRowZero): named by its own key, the owner's head page would be
 // published a position early and a hit request would write its last position.
 TEST_F(PrefixCacheGpu, EagleHitsNeverWriteAPublishedPage) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();

@@ -185,6 +185,7 @@ using testing::SpecRun;
 class SpecGreedy : public SpecGpu, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(SpecGreedy, TokensEqualPlainGreedyDecoding) {
+  const testing::ScopedGemvOff same_gemms;  // spec vs plain: the same GEMM kernels
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();  // full + sliding (window 32) layers
