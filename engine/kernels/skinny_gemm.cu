@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
@@ -210,16 +211,22 @@ bool skinny_gemm_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
          skinny_gemm_smem_bytes(rows, k) <= static_cast<std::size_t>(dev.max_smem);
 }
 
-void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
+void require_skinny_args(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, const char* kernel,
+                         bool fits, const char* why_not) {
   GD_REQUIRE(dev.sm_count > 0, "dev.sm_count", dev.sm_count, "use SkinnyGemmDevice::current()");
-  GD_REQUIRE(a.rows >= 1 && a.rows <= kSkinnyMaxRows, "rows", a.rows, "skinny GEMM takes 1..8");
+  GD_REQUIRE(a.rows >= 1 && a.rows <= kSkinnyMaxRows, "rows", a.rows,
+             std::string(kernel) + " takes 1..8");
   GD_REQUIRE(a.k > 0 && a.k % 8 == 0, "k", a.k, "must be a positive multiple of 8");
   GD_REQUIRE(a.n > 0, "n", a.n, "must be positive");
-  GD_REQUIRE(skinny_gemm_supported(dev, a.rows, a.k), "rows * k", a.rows * a.k,
-             "x does not fit in shared memory");
+  GD_REQUIRE(fits, "rows * k", a.rows * a.k, why_not);
   GD_REQUIRE(a.x != nullptr && aligned16(a.x), "x", a.x, "must be non-null and 16-byte aligned");
   GD_REQUIRE(a.w != nullptr && aligned16(a.w), "w", a.w, "must be non-null and 16-byte aligned");
   GD_REQUIRE(a.y != nullptr, "y", "nullptr", "must be non-null");
+}
+
+void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
+  require_skinny_args(dev, a, "skinny GEMM", skinny_gemm_supported(dev, a.rows, a.k),
+                      "x does not fit in shared memory");
   const Plan pl = plan(a.k);
   const Params p{a.x,      a.w,     a.y,       a.rows,   a.k,
                  a.n,      a.k / 8, pl.splits, pl.steps, (a.n + kTileCols - 1) / kTileCols,

@@ -64,4 +64,11 @@ bool skinny_gemm_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
 // Validates `args` (graphdecode::Error names the field) and launches on `stream`.
 void skinny_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream);
 
+// The argument checks the skinny GEMM and the stream GEMV (stream_gemv.h) share: `dev` made by
+// current(), rows in 1..8, k a positive multiple of 8, n positive, `fits` (the kernel's own
+// shared-memory test; `why_not` says what did not fit), x and w non-null and 16-byte aligned, y
+// non-null. A graphdecode::Error names the first field that fails; `kernel` names the kernel.
+void require_skinny_args(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args,
+                         const char* kernel, bool fits, const char* why_not);
+
 }  // namespace graphdecode

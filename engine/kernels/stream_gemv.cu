@@ -201,10 +201,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
-
 // Bytes of shared memory for x of `rows` rows and the fixed part; the ring gets the rest.
 std::int64_t fixed_and_x_bytes(std::int32_t rows, std::int32_t k) {
   return kFixedBytes + static_cast<std::int64_t>(rows) * (2LL * k + kRowPad);
@@ -223,15 +219,8 @@ bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
 }
 
 void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
-  GD_REQUIRE(dev.sm_count > 0, "dev.sm_count", dev.sm_count, "use SkinnyGemmDevice::current()");
-  GD_REQUIRE(a.rows >= 1 && a.rows <= kSkinnyMaxRows, "rows", a.rows, "stream GEMV takes 1..8");
-  GD_REQUIRE(a.k > 0 && a.k % 8 == 0, "k", a.k, "must be a positive multiple of 8");
-  GD_REQUIRE(a.n > 0, "n", a.n, "must be positive");
-  GD_REQUIRE(stream_gemv_supported(dev, a.rows, a.k), "rows * k", a.rows * a.k,
-             "x and two stages do not fit in shared memory");
-  GD_REQUIRE(a.x != nullptr && aligned16(a.x), "x", a.x, "must be non-null and 16-byte aligned");
-  GD_REQUIRE(a.w != nullptr && aligned16(a.w), "w", a.w, "must be non-null and 16-byte aligned");
-  GD_REQUIRE(a.y != nullptr, "y", "nullptr", "must be non-null");
+  require_skinny_args(dev, a, "stream GEMV", stream_gemv_supported(dev, a.rows, a.k),
+                      "x and two stages do not fit in shared memory");
   // The opt-in limit once per process (one device: the engine's model).
   static const bool opted_in = [&] {
     GD_CUDA(cudaFuncSetAttribute(stream_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
