@@ -9,6 +9,13 @@
 #include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
+namespace {
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
@@ -43,9 +50,6 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
 }
 
 bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
-  const auto aligned16 = [](const void* p) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-  };
   if (skinny_mode_ == SkinnyMode::kOff || uses_stream_gemv(a)) return false;
   if (skinny_mode_ == SkinnyMode::kAuto && (a.in < 8192 || a.rows > 4)) return false;
   return a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
@@ -53,15 +57,12 @@ bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
 }
 
 bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
-  const auto aligned16 = [](const void* p) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-  };
   if (gemv_mode_ == GemvMode::kOff) return false;
   // kAuto: an explicit skinny mode (tests, bench_gemm's columns) is what it says; otherwise only
   // the shapes bench_gemm measured the stream GEMV ahead of cuBLAS and of the skinny kernel on
-  // the H200 (bench/results/h200_bench_gemm_stream_2026-11-27.txt, rows 1-4): 1B qkv (n 3072,
-  // 5.83 vs 6.20 us), o (n 2048, 4.59 vs 5.83) and down (n 2048 k 8192, 12.07 vs 12.83). It loses
-  // at n 16384 and at lm_head, and at 8 rows on qkv and down.
+  // the H200 (bench/results/h200_stream_gemv_fused_swiglu_2026-11-27.txt, rows 1-4): 1B qkv (n
+  // 3072, 5.83 vs 6.20 us), o (n 2048, 4.59 vs 5.83) and down (n 2048 k 8192, 12.07 vs 12.83). It
+  // loses at n 16384 and at lm_head, and at 8 rows on qkv and down.
   if (gemv_mode_ == GemvMode::kAuto &&
       (skinny_mode_ != SkinnyMode::kAuto || a.rows > 4 || a.out > kStreamGemvMaxOutAuto))
     return false;

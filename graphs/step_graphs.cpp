@@ -153,9 +153,8 @@ StepPath StepGraphs::step(const StepDesc& desc, cudaStream_t stream) {
   if (input_.mode() == StepMode::kExtend) n = 0;
   const GraphKey key{input_.mode(), n, input_.logit_rows(), bucket};
   StepShape shape = key_shape(key, input_.capacity());
-  // An extend step that no graph could replay (no extend mode captured) runs its rows, not the
-  // capacity's: a prefill chunk of P tokens must not cost a max_tokens-row GEMM (bench_prefill,
-  // issue 38: 512 tokens at max_step_tokens 8192 took 8x the time of max_step_tokens 512).
+  // An extend step that no graph could replay (no extend mode captured) runs its own rows, not
+  // the capacity's: a prefill chunk of P tokens must not pay for max_tokens rows in every GEMM.
   if (input_.mode() == StepMode::kExtend && !captures_extend()) {
     shape.token_capacity = extend_rows(input_.num_tokens(), shape.token_capacity);
     if (key.logits == LogitRows::kEveryRow)

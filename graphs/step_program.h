@@ -38,8 +38,9 @@ struct GraphKey {
 
 // The grid sizes one enqueue may bake in. A graph of bucket B covers B requests, token_capacity
 // new tokens and logit_capacity logits rows; the eager path uses the shape of the bucket a replay
-// would use. Results must not depend on them beyond the row count a GEMM library sees (cuBLAS
-// picks its algorithm, so its summation order, by the row count).
+// would use, except an extend step no graph replays, which runs its own tokens rounded up
+// (graphs/step_graphs.h extend_rows). Results must not depend on them beyond the row count a GEMM
+// library sees (cuBLAS picks its algorithm, so its summation order, by the row count).
 struct StepShape {
   StepMode mode = StepMode::kDecode;  // the key's mode
   std::int32_t bucket = 0;
