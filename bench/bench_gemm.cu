@@ -1,16 +1,19 @@
-// bench_gemm: the decode GEMMs of a 1B Llama (hidden 2048, 16 layers) at rows 1, 2, 4, 8: the
-// skinny kernel (engine/kernels/skinny_gemm.h) and the stream GEMV (engine/kernels/stream_gemv.h,
-// experimental) vs cuBLAS (Gemm::set_skinny(false)) vs the floor.
+// bench_gemm: the decode GEMMs of a Llama at rows 1, 2, 4, 8: the skinny kernel
+// (engine/kernels/skinny_gemm.h) and the stream GEMV (engine/kernels/stream_gemv.h) vs cuBLAS
+// (Gemm::set_skinny(false)) vs what Gemm picks by default (`auto`: engine/gemm.h) vs the floor.
 //
-//   bench_gemm [--json PATH] [--reps N]
+//   bench_gemm [--shape 1b|8b] [--json PATH] [--reps N]
 //
-// Shapes, y[rows][n] = x[rows][k] W^T: qkv k 2048 n 3072, o 2048 x 2048, gate_up 2048 x 16384,
-// down 8192 x 2048 (bf16 out), lm_head 2048 x 128256 (float out).
+// Shapes, y[rows][n] = x[rows][k] W^T, bf16 out but lm_head (float out):
+//   1b (Llama-3.2-1B, 16 layers): qkv k 2048 n 3072, o 2048 x 2048, gate_up 2048 x 16384,
+//       down 8192 x 2048, lm_head 2048 x 128256;
+//   8b (Llama-3.1-8B, 32 layers): qkv 4096 x 6144, o 4096 x 4096, gate_up 4096 x 28672,
+//       down 14336 x 4096, lm_head 4096 x 128256.
 // Time: a CUDA graph of 20 launches, replayed `reps` times (default 200, after 5 warm-up
 // replays); median replay device time (events around each replay) / 20. The launches cycle
 // through copies of W that together are >= 2.5x the L2, so W comes from HBM as in a real step
 // where each layer's weights are cold. Floor = W bytes / the measured D2D copy bandwidth (read +
-// write bytes / time, as bench_attention). Also: the GEMM time of one decode step (16 layers of
+// write bytes / time, as bench_attention). Also: the GEMM time of one decode step (every layer's
 // qkv + o + gate_up + down, plus lm_head) per path.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,18 +40,31 @@ namespace graphdecode::bench {
 namespace {
 
 constexpr int kLaunches = 20;  // GEMMs per graph
-constexpr int kLayers = 16;
 
 struct Shape {
   const char* name;
   std::int32_t k, n;
   GemmOut out;
 };
-constexpr Shape kShapes[] = {{"qkv", 2048, 3072, GemmOut::kBF16},
-                             {"o", 2048, 2048, GemmOut::kBF16},
-                             {"gate_up", 2048, 16384, GemmOut::kBF16},
-                             {"down", 8192, 2048, GemmOut::kBF16},
-                             {"lm_head", 2048, 128256, GemmOut::kF32}};
+struct Model {
+  const char* name;
+  int layers;
+  Shape shapes[5];
+};
+constexpr Model k1B{"1b",
+                    16,
+                    {{"qkv", 2048, 3072, GemmOut::kBF16},
+                     {"o", 2048, 2048, GemmOut::kBF16},
+                     {"gate_up", 2048, 16384, GemmOut::kBF16},
+                     {"down", 8192, 2048, GemmOut::kBF16},
+                     {"lm_head", 2048, 128256, GemmOut::kF32}}};
+constexpr Model k8B{"8b",
+                    32,
+                    {{"qkv", 4096, 6144, GemmOut::kBF16},
+                     {"o", 4096, 4096, GemmOut::kBF16},
+                     {"gate_up", 4096, 28672, GemmOut::kBF16},
+                     {"down", 14336, 4096, GemmOut::kBF16},
+                     {"lm_head", 4096, 128256, GemmOut::kF32}}};
 constexpr std::int32_t kRows[] = {1, 2, 4, 8};
 
 // Median device time of one replay of `graph` over `reps` replays, after 5 warm-up replays.
@@ -69,9 +85,10 @@ double replay_median_us(const CudaGraph& graph, int reps, cudaStream_t s) {
 struct Result {
   const Shape* shape = nullptr;
   std::int32_t rows = 0, copies = 0;
-  double weight_bytes = 0, cublas_us = 0, skinny_us = 0, stream_us = 0, floor_us = 0;
-  bool skinny_taken = false;  // false: the skinny setting fell back to cuBLAS
-  bool stream_taken = false;  // false: the stream GEMV does not take the shape (stream_us 0)
+  double weight_bytes = 0, cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
+  const char* auto_path = "";  // what Gemm's default took: stream, skinny or cuBLAS
+  bool skinny_taken = false;   // false: the skinny setting fell back to cuBLAS
+  bool stream_taken = false;   // false: the stream GEMV does not take the shape (stream_us 0)
 };
 
 // One shape at every row count: W copies live across the row counts.
@@ -104,6 +121,18 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
       });
       (skinny ? r.skinny_us : r.cublas_us) = replay_median_us(graph, reps, s) / kLaunches;
     }
+    gemm.set_skinny_mode(Gemm::SkinnyMode::kAuto);  // the default Gemm: what the engine runs
+    const GemmArgs args0{x.data(), w[0].data(), y.data(), rows, sh.k, sh.n, sh.out};
+    r.auto_path = gemm.uses_stream_gemv(args0) ? "stream"
+                  : gemm.uses_skinny(args0)    ? "skinny"
+                                               : "cuBLAS";
+    {
+      const CudaGraph graph = CudaGraph::capture(s, [&] {
+        for (int i = 0; i < kLaunches; ++i)
+          gemm.run({x.data(), w[i % copies].data(), y.data(), rows, sh.k, sh.n, sh.out}, s);
+      });
+      r.auto_us = replay_median_us(graph, reps, s) / kLaunches;
+    }
     const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
     r.stream_taken = stream_gemv_supported(dev, rows, sh.k);
     if (r.stream_taken) {
@@ -127,21 +156,22 @@ const Result& find(const std::vector<Result>& rs, const char* name, std::int32_t
   GD_FAIL(std::string("no result for ") + name);
 }
 
-// GEMM time of one decode step: 16 layers of qkv + o + gate_up + down, then lm_head.
+// GEMM time of one decode step: every layer's qkv + o + gate_up + down, then lm_head.
 struct StepTotal {
   std::int32_t rows = 0;
-  double cublas_us = 0, skinny_us = 0, stream_us = 0, floor_us = 0;
+  double cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
 };
-std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
+std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>& rs) {
   std::vector<StepTotal> t;
   for (std::int32_t rows : kRows) {
     StepTotal st{rows};
-    for (const Shape& sh : kShapes) {
+    for (const Shape& sh : model.shapes) {
       const Result& r = find(rs, sh.name, rows);
-      const int times = std::string(sh.name) == "lm_head" ? 1 : kLayers;
+      const int times = std::string(sh.name) == "lm_head" ? 1 : model.layers;
       st.cublas_us += times * r.cublas_us;
       st.skinny_us += times * r.skinny_us;
       st.stream_us += times * r.stream_us;
+      st.auto_us += times * r.auto_us;
       st.floor_us += times * r.floor_us;
     }
     t.push_back(st);
@@ -149,30 +179,36 @@ std::vector<StepTotal> step_totals(const std::vector<Result>& rs) {
   return t;
 }
 
-void print(const std::vector<Result>& rs, const std::vector<StepTotal>& totals) {
-  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %9s %8s %8s %8s %8s\n", "shape", "k", "n",
-              "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us", "floor us", "%floor",
-              "cuB%flr", "str%flr", "speedup");
+void print(const Model& model, const std::vector<Result>& rs,
+           const std::vector<StepTotal>& totals) {
+  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %10s %7s %9s %8s %8s %8s %8s\n", "shape",
+              "k", "n", "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us", "auto us",
+              "auto", "floor us", "%floor", "cuB%flr", "str%flr", "speedup");
   for (const Result& r : rs)
     std::printf(
-        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %9.2f %7.1f%% %7.1f%% %7.1f%% %7.2fx%s\n",
+        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %10.2f %7s %9.2f %7.1f%% %7.1f%% %7.1f%% "
+        "%7.2fx%s\n",
         r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
-        r.cublas_us, r.skinny_us, r.stream_us, r.floor_us, 100.0 * r.floor_us / r.skinny_us,
-        100.0 * r.floor_us / r.cublas_us, r.stream_taken ? 100.0 * r.floor_us / r.stream_us : 0.0,
-        r.cublas_us / r.skinny_us, r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
-  std::printf("\none decode step's GEMMs (16 x (qkv + o + gate_up + down) + lm_head)\n");
-  std::printf("%4s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
-              "floor us", "speedup");
+        r.cublas_us, r.skinny_us, r.stream_us, r.auto_us, r.auto_path, r.floor_us,
+        100.0 * r.floor_us / r.skinny_us, 100.0 * r.floor_us / r.cublas_us,
+        r.stream_taken ? 100.0 * r.floor_us / r.stream_us : 0.0, r.cublas_us / r.skinny_us,
+        r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
+  std::printf("\none decode step's GEMMs (%d x (qkv + o + gate_up + down) + lm_head)\n",
+              model.layers);
+  std::printf("%4s %12s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
+              "auto us", "floor us", "speedup");
   for (const StepTotal& t : totals)
-    std::printf("%4d %12.1f %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
-                t.stream_us, t.floor_us, t.cublas_us / t.skinny_us);
+    std::printf("%4d %12.1f %12.1f %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
+                t.stream_us, t.auto_us, t.floor_us, t.cublas_us / t.skinny_us);
 }
 
-void write_json(const std::string& path, const cudaDeviceProp& prop, double copy_gbps, int reps,
-                const std::vector<Result>& rs, const std::vector<StepTotal>& totals) {
+void write_json(const std::string& path, const Model& model, const cudaDeviceProp& prop,
+                double copy_gbps, int reps, const std::vector<Result>& rs,
+                const std::vector<StepTotal>& totals) {
   std::ofstream f(path);
   GD_REQUIRE(f.good(), "--json", path, "cannot open the JSON output");
-  f << "{\n  \"bench\": \"bench_gemm\",\n  \"device\": \"" << prop.name << "\",\n"
+  f << "{\n  \"bench\": \"bench_gemm\",\n  \"shape\": \"" << model.name
+    << "\",\n  \"layers\": " << model.layers << ",\n  \"device\": \"" << prop.name << "\",\n"
     << "  \"sms\": " << prop.multiProcessorCount << ",\n  \"l2_bytes\": " << prop.l2CacheSize
     << ",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"reps\": " << reps
     << ",\n  \"launches_per_graph\": " << kLaunches << ",\n  \"results\": [\n";
@@ -183,7 +219,8 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, double copy
       << (r.shape->out == GemmOut::kF32 ? "f32" : "bf16")
       << "\", \"weight_bytes\": " << r.weight_bytes << ", \"copies\": " << r.copies
       << ", \"cublas_us\": " << r.cublas_us << ", \"skinny_us\": " << r.skinny_us
-      << ", \"stream_us\": " << r.stream_us << ", \"floor_us\": " << r.floor_us
+      << ", \"stream_us\": " << r.stream_us << ", \"auto_us\": " << r.auto_us
+      << ", \"auto_path\": \"" << r.auto_path << "\", \"floor_us\": " << r.floor_us
       << ", \"skinny_pct_floor\": " << 100.0 * r.floor_us / r.skinny_us
       << ", \"cublas_pct_floor\": " << 100.0 * r.floor_us / r.cublas_us
       << ", \"skinny_taken\": " << (r.skinny_taken ? "true" : "false")
@@ -195,7 +232,8 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, double copy
     const StepTotal& t = totals[i];
     f << "    {\"rows\": " << t.rows << ", \"cublas_us\": " << t.cublas_us
       << ", \"skinny_us\": " << t.skinny_us << ", \"stream_us\": " << t.stream_us
-      << ", \"floor_us\": " << t.floor_us << "}" << (i + 1 < totals.size() ? "," : "") << "\n";
+      << ", \"auto_us\": " << t.auto_us << ", \"floor_us\": " << t.floor_us << "}"
+      << (i + 1 < totals.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -203,14 +241,18 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, double copy
 int run_main(int argc, char** argv) {
   std::string json;
   int reps = 200;
+  const Model* model = &k1B;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(50, std::atoi(argv[++i]));
+    } else if (a == "--shape" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "1b" || std::string(argv[i + 1]) == "8b")) {
+      model = std::string(argv[++i]) == "8b" ? &k8B : &k1B;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=50]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shape 1b|8b] [--json PATH] [--reps N>=50]\n", argv[0]);
       return 2;
     }
   }
@@ -226,14 +268,17 @@ int run_main(int argc, char** argv) {
   const double copy_gbps = copy_bandwidth_gbps(s);
   std::printf("device: %s, %d SMs, L2 %.0f MiB; D2D copy %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, copy_gbps);
+  std::printf("shape %s (%d layers); auto = Gemm's default choice (engine/gemm.h)\n", model->name,
+              model->layers);
   std::printf("time = median of %d replays of a %d-GEMM graph / %d; floor = W bytes / copy GB/s\n",
               reps, kLaunches, kLaunches);
   Gemm gemm;
   std::vector<Result> rs;
-  for (const Shape& sh : kShapes) bench_shape(sh, gemm, copy_gbps, prop.l2CacheSize, reps, s, rs);
-  const std::vector<StepTotal> totals = step_totals(rs);
-  print(rs, totals);
-  if (!json.empty()) write_json(json, prop, copy_gbps, reps, rs, totals);
+  for (const Shape& sh : model->shapes)
+    bench_shape(sh, gemm, copy_gbps, prop.l2CacheSize, reps, s, rs);
+  const std::vector<StepTotal> totals = step_totals(*model, rs);
+  print(*model, rs, totals);
+  if (!json.empty()) write_json(json, *model, prop, copy_gbps, reps, rs, totals);
   return 0;
 }
 
