@@ -5,17 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/align.h"
 #include "engine/kernels/plain_gemm.h"
 #include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
-namespace {
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
-
-}  // namespace
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that

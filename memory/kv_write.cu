@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
@@ -71,10 +72,6 @@ __global__ void __launch_bounds__(kWriteThreads)
       chunk;
   p.k_cache[dst] = p.k_new[item];
   p.v_cache[dst] = p.v_new[item];
-}
-
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
 }
 
 }  // namespace

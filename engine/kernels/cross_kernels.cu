@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "engine/kernels/bf16_vec.cuh"
@@ -23,10 +24,6 @@ constexpr int kNormThreads = 256;
 constexpr int kNormMaxVecs = 4;   // 256 threads x 4 vectors x 8 = hidden 8192
 constexpr int kHeadWarps = 4;     // heads per block of the head norm
 constexpr int kMaxHeadElems = 8;  // head_dim 256 / 32 lanes
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
 
 // ---- per-head RMSNorm: one warp per (row, head)
 // --------------------------------------------------

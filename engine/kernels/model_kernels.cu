@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
@@ -20,10 +21,6 @@ using detail::Vec8;
 constexpr int kThreads = 256;
 constexpr int kNormMaxVecs = 4;  // 256 threads x 4 vectors x 8 = hidden 8192
 constexpr int kMaxGridY = 65535;
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
 
 void require_rows(const std::int32_t* num_rows, std::int32_t max_rows, bool grid_y) {
   GD_REQUIRE(num_rows != nullptr, "num_rows", "nullptr", "the live-row count is read on device");

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
@@ -122,10 +123,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   store8(dst + lo_off, lo);
   store8(dst + hi_off, hi);
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
@@ -180,10 +181,6 @@ Plan plan(std::int32_t k) {
   pl.batch = steps >= 8 ? 8 : 4;
   pl.steps = (steps + pl.batch - 1) / pl.batch * pl.batch;
   return pl;
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace

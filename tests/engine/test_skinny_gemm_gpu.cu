@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,12 @@ Problem make_problem(Rng& rng, int rows, int k, int n, bool exact, const Bits* w
     }
   }
   return p;
+}
+
+// "rows R k K n N exact|random f32|bf16": the trace of one case of a sweep.
+std::string case_name(int rows, int k, int n, bool exact, GemmOut out) {
+  return "rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " + std::to_string(n) +
+         (exact ? " exact" : " random") + (out == GemmOut::kF32 ? " f32" : " bf16");
 }
 
 double bound(const Problem& p, std::size_t i, GemmOut out) {
@@ -178,9 +185,7 @@ TEST_F(SkinnyGemmGpu, MatchesFloat64AndCublas) {
         const Problem p = make_problem(rng, rows, k, n, exact, &w);
         auto dx = to_device(p.x, s);
         for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
-          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
-                       std::to_string(n) + (exact ? " exact" : " random") +
-                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          SCOPED_TRACE(case_name(rows, k, n, exact, out));
           const GemmArgs args{dx.data(), dw.data(), nullptr, rows, k, n, out};
           std::vector<double> skinny, cublas;
           gemm.set_skinny(true);
@@ -215,9 +220,7 @@ TEST_F(SkinnyGemmGpu, PlainGemmFromTheEnvironmentMatchesFloat64) {
         auto dx = to_device(p.x, s);
         auto dw = to_device(p.w, s);
         for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
-          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
-                       std::to_string(n) + (exact ? " exact" : " random") +
-                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          SCOPED_TRACE(case_name(rows, k, n, exact, out));
           std::vector<double> got;
           ASSERT_TRUE(run_gemm(gemm, {dx.data(), dw.data(), nullptr, rows, k, n, out}, s, got));
           EXPECT_TRUE(matches(p, got, nullptr, out));
@@ -319,9 +322,7 @@ TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
         const Problem p = make_problem(rng, rows, k, n, exact, &w);
         auto dx = to_device(p.x, s);
         for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
-          SCOPED_TRACE("rows " + std::to_string(rows) + " k " + std::to_string(k) + " n " +
-                       std::to_string(n) + (exact ? " exact" : " random") +
-                       (out == GemmOut::kF32 ? " f32" : " bf16"));
+          SCOPED_TRACE(case_name(rows, k, n, exact, out));
           ASSERT_TRUE(stream_gemv_supported(dev, rows, k));
           std::vector<double> got;
           ASSERT_TRUE(run_stream(dev, {dx.data(), dw.data(), nullptr, rows, k, n, out}, s, got));
