@@ -45,7 +45,12 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
 
 bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
   if (skinny_mode_ == SkinnyMode::kOff || uses_stream_gemv(a)) return false;
-  if (skinny_mode_ == SkinnyMode::kAuto && (a.in < 8192 || a.rows > 4)) return false;
+  // kAuto: no shape. On the H100 it once beat cuBLAS on the 1B down projection (k 8192), which the
+  // stream GEMV now takes; on the H200 it loses everywhere bench_gemm measured, the 8B down
+  // projection included (k 14336, rows 1-4: 33.9-35.1 vs cuBLAS 31.0-31.3 us in bench_gemm; the
+  // 8B decode step 110-135 us faster with cuBLAS there,
+  // bench/results/h200_gemm_rule_8b_2026-11-27.txt).
+  if (skinny_mode_ == SkinnyMode::kAuto) return false;
   return a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
          aligned16(a.x) && aligned16(a.w);
 }
@@ -53,10 +58,12 @@ bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
 bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   if (gemv_mode_ == GemvMode::kOff) return false;
   // kAuto: an explicit skinny mode (tests, bench_gemm's columns) is what it says; otherwise only
-  // the shapes bench_gemm measured the stream GEMV ahead of cuBLAS and of the skinny kernel on
-  // the H200 (bench/results/h200_stream_gemv_fused_swiglu_2026-11-27.txt, rows 1-4): 1B qkv (n
-  // 3072, 5.83 vs 6.20 us), o (n 2048, 4.59 vs 5.83) and down (n 2048 k 8192, 12.07 vs 12.83). It
-  // loses at n 16384 and at lm_head, and at 8 rows on qkv and down.
+  // the shapes where the stream GEMV was measured ahead on the H200 at rows 1-4: 1B qkv (n 3072,
+  // bench_gemm 5.85 vs cuBLAS 6.26 us), o (n 2048, 4.58 vs 5.83) and down (n 2048 k 8192, 12.13 vs
+  // 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). Not the 8B o (n 4096): ahead in
+  // bench_gemm (12.04 vs 12.78 us) but the 8B decode step was 110-150 us SLOWER with it
+  // (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses at n 6144 (8B qkv), k 14336 (8B
+  // down), gate_up, lm_head and at 8 rows.
   if (gemv_mode_ == GemvMode::kAuto &&
       (skinny_mode_ != SkinnyMode::kAuto || a.rows > 4 || a.out > kStreamGemvMaxOutAuto))
     return false;

@@ -6,10 +6,11 @@
 // past the live tokens compute values nobody reads, which is harmless because rows are
 // independent.
 //
-// A skinny kernel for rows <= 8 (engine/kernels/skinny_gemm.h) streams W once; measured on the
-// H100 it beats cuBLAS only for long k (down projection), so by default (SkinnyMode::kAuto) it
-// runs there alone. It needs in % 8 == 0, x [rows][in] in shared memory (rows * in up to ~110K
-// elements on an H100) and 16-byte aligned x/W; otherwise cuBLAS runs.
+// Two kernels of ours for rows <= 8 stream W once: the stream GEMV (engine/kernels/stream_gemv.h),
+// which runs by default where bench_gemm measured it ahead (GemvMode::kAuto below), and the skinny
+// kernel (engine/kernels/skinny_gemm.h), which runs only when asked for (it is behind cuBLAS at
+// every shape measured on the H200). Both need in % 8 == 0, x [rows][in] in shared memory and
+// 16-byte aligned x/W; otherwise cuBLAS runs.
 #pragma once
 
 #include <cublas_v2.h>
@@ -66,8 +67,7 @@ class Gemm {
   void run(const GemmArgs& args, cudaStream_t stream) const;
 
   // When the skinny kernel runs instead of cuBLAS (decide before capturing a graph):
-  //   kAuto (default): only where bench_gemm measured it faster on the H100: k >= 8192 and
-  //                    rows <= 4 (the 1B MLP down projection, ~1.05x); cuBLAS elsewhere.
+  //   kAuto (default): never (cuBLAS or the stream GEMV; gemm.cpp has the H200 figures).
   //   kAlways: every supported call (tests, benchmarks).  kOff: cuBLAS only.
   // GRAPHDECODE_SKINNY=always|off in the environment when the Gemm is made sets the mode (A/B of
   // the model step in bench_decode); anything else keeps kAuto.

@@ -368,8 +368,9 @@ TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
   }
 }
 
-// Gemm's default choice: the stream GEMV at rows <= 4 and out <= kStreamGemvMaxOutAuto (the 1B
-// qkv, o and down projections), cuBLAS or the skinny kernel elsewhere (gate_up's n, 8 rows); an
+// Gemm's default choice: the stream GEMV at rows <= 4 and out <= kStreamGemvMaxOutAuto (the 1B qkv,
+// o and down projections), cuBLAS elsewhere (gate_up's n, the 8B o, qkv and down, 8 rows; the
+// skinny kernel never by default); an
 // explicit skinny mode and GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
 // output is bitwise the stream GEMV's and within the float64 bound.
 TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
@@ -390,6 +391,10 @@ TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 2048, 2048))) << "o, rows " << rows;
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 8192, 768))) << "down-like, rows " << rows;
     EXPECT_FALSE(gemm.uses_skinny(args(rows, 8192, 768))) << "the stream GEMV comes first";
+    EXPECT_FALSE(gemm.uses_stream_gemv(args(rows, 4096, 4096))) << "8B o, rows " << rows;
+    EXPECT_FALSE(gemm.uses_stream_gemv(args(rows, 4096, 6144))) << "8B qkv, rows " << rows;
+    EXPECT_FALSE(gemm.uses_stream_gemv(args(rows, 14336, 4096))) << "8B down, rows " << rows;
+    EXPECT_FALSE(gemm.uses_skinny(args(rows, 14336, 4096))) << "8B down: cuBLAS, rows " << rows;
   }
   EXPECT_FALSE(gemm.uses_stream_gemv(args(8, 2048, 3072))) << "8 rows: cuBLAS";
   EXPECT_FALSE(gemm.uses_stream_gemv(args(5, 2048, 3072))) << "5 rows: cuBLAS";
