@@ -160,6 +160,7 @@ const Result& find(const std::vector<Result>& rs, const char* name, std::int32_t
 struct StepTotal {
   std::int32_t rows = 0;
   double cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
+  bool stream_complete = true;  // false: a shape the stream GEMV does not take (no stream total)
 };
 std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>& rs) {
   std::vector<StepTotal> t;
@@ -171,6 +172,7 @@ std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>
       st.cublas_us += times * r.cublas_us;
       st.skinny_us += times * r.skinny_us;
       st.stream_us += times * r.stream_us;
+      st.stream_complete = st.stream_complete && r.stream_taken;
       st.auto_us += times * r.auto_us;
       st.floor_us += times * r.floor_us;
     }
@@ -197,9 +199,12 @@ void print(const Model& model, const std::vector<Result>& rs,
               model.layers);
   std::printf("%4s %12s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
               "auto us", "floor us", "speedup");
-  for (const StepTotal& t : totals)
-    std::printf("%4d %12.1f %12.1f %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
-                t.stream_us, t.auto_us, t.floor_us, t.cublas_us / t.skinny_us);
+  for (const StepTotal& t : totals) {
+    char stream[16] = "         n/a";  // a shape without the stream GEMV: no total to show
+    if (t.stream_complete) std::snprintf(stream, sizeof stream, "%12.1f", t.stream_us);
+    std::printf("%4d %12.1f %12.1f %s %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
+                stream, t.auto_us, t.floor_us, t.cublas_us / t.skinny_us);
+  }
 }
 
 void write_json(const std::string& path, const Model& model, const cudaDeviceProp& prop,
@@ -231,8 +236,12 @@ void write_json(const std::string& path, const Model& model, const cudaDevicePro
   for (std::size_t i = 0; i < totals.size(); ++i) {
     const StepTotal& t = totals[i];
     f << "    {\"rows\": " << t.rows << ", \"cublas_us\": " << t.cublas_us
-      << ", \"skinny_us\": " << t.skinny_us << ", \"stream_us\": " << t.stream_us
-      << ", \"auto_us\": " << t.auto_us << ", \"floor_us\": " << t.floor_us << "}"
+      << ", \"skinny_us\": " << t.skinny_us << ", \"stream_us\": ";
+    if (t.stream_complete)
+      f << t.stream_us;
+    else
+      f << "null";
+    f << ", \"auto_us\": " << t.auto_us << ", \"floor_us\": " << t.floor_us << "}"
       << (i + 1 < totals.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
