@@ -75,19 +75,8 @@ constexpr double kHeadroomBytes = 2.0 * (1 << 30);
 
 // ---- configs ------------------------------------------------------------------------------------
 
-// Decode only: B rows, KV extent L + 1, one slot per request (plus the padding slot).
 RuntimeOptions decode_options(std::int32_t b, std::int32_t l) {
-  RuntimeOptions o;
-  o.max_batch = b;
-  o.max_tokens = b;
-  o.max_new_tokens = 1;
-  o.max_kv_len = l + 1;
-  o.page_size = kPage;
-  o.max_slots = b + 1;
-  // Exactly the B requests' pages (+1: page 0 is the reserved padding page), not every slot at
-  // max_kv_len: 8B at B = 128, L = 4096 then needs 68.7 GB of K/V instead of 69.2.
-  o.full_pages = b * pages_for_tokens(l + 1, kPage) + 1;
-  return o;
+  return decode_only_options(b, l, kPage);
 }
 
 // Device bytes of the model's KV pools for these options.

@@ -26,6 +26,7 @@
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "common/request_rules.h"
 #include "common/stream.h"
 #include "engine/llama_model.h"
 #include "engine/model_step.h"
@@ -169,6 +170,21 @@ struct DecodeRig {
     ledger.clear_commands();
   }
 };
+
+// Decode only: B rows, KV extent L + 1, one slot per request (plus the padding slot).
+RuntimeOptions decode_only_options(std::int32_t b, std::int32_t l, std::int32_t page) {
+  RuntimeOptions o;
+  o.max_batch = b;
+  o.max_tokens = b;
+  o.max_new_tokens = 1;
+  o.max_kv_len = l + 1;
+  o.page_size = page;
+  o.max_slots = b + 1;
+  // Exactly the B requests' pages (+1: page 0 is the reserved padding page), not every slot at
+  // max_kv_len: 8B at B = 128, L = 4096 then needs 68.7 GB of K/V instead of 69.2.
+  o.full_pages = b * pages_for_tokens(l + 1, page) + 1;
+  return o;
+}
 
 // L2 flush buffer and per-rep events, made once (nothing is allocated in the timed loops).
 struct Timer {

@@ -1,0 +1,236 @@
+// Diagnosis probe (issue 38): where one replayed decode step's time goes, kernel by kernel, from
+// CUPTI's kernel activity records (start and end of every kernel node of the step's graph, the
+// overlap of programmatic dependent launches included). nsys is not on the device machines; this
+// is the timeline it would draw.
+//
+//   probe_decode_timeline [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush]
+//
+// The rig of bench_decode (bench/decode_rig.cuh: synthetic seeded weights, B requests at KV extent
+// L + 1, the forward's graph for bucket B), warmed up, then N replays each after an L2 flush, traced.
+// Per kernel of the step (graph order = start order), medians over the replays:
+//   dur    end - start (a PDL kernel starts early and waits inside: dur counts its wait),
+//   adds   end - max(start, latest end before it): what it adds to the step's span,
+//   gap    start - latest end before it when positive (idle device between kernels).
+// Then the same by kernel name (summed over a step) and the step's span against the sum of adds.
+#include <cuda_runtime.h>
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.cuh"
+#include "bench/decode_rig.cuh"
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/stream.h"
+#include "engine/weights.h"
+
+namespace graphdecode::bench {
+namespace {
+
+#define GD_CUPTI(expr)                                                                  \
+  do {                                                                                  \
+    const CUptiResult gd_r_ = (expr);                                                   \
+    if (gd_r_ != CUPTI_SUCCESS) {                                                       \
+      const char* gd_m_ = nullptr;                                                      \
+      cuptiGetResultString(gd_r_, &gd_m_);                                              \
+      GD_FAIL(std::string(#expr) + ": " + (gd_m_ != nullptr ? gd_m_ : "CUPTI error")); \
+    }                                                                                   \
+  } while (0)
+
+struct KernelRecord {
+  std::uint64_t start = 0, end = 0;
+  std::string name;
+};
+std::vector<KernelRecord>* g_records = nullptr;  // CUPTI's buffer callbacks append here
+
+constexpr std::size_t kBufferBytes = 8 << 20;
+
+void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
+  *buffer = static_cast<std::uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t,
+                               std::size_t valid) {
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+    g_records->push_back({k->start, k->end, k->name != nullptr ? k->name : "?"});
+  }
+  std::free(buffer);
+}
+
+// A kernel's name without its template and parameter lists, at most 48 characters.
+std::string short_name(const std::string& mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string n = status == 0 && d != nullptr ? d : mangled;
+  std::free(d);
+  const std::size_t paren = n.find('(');
+  if (paren != std::string::npos) n.resize(paren);
+  if (n.rfind("void ", 0) == 0) n.erase(0, 5);
+  const std::size_t angle = n.find('<');
+  if (angle != std::string::npos) n.resize(angle);
+  const std::size_t colons = n.rfind("::");
+  if (colons != std::string::npos) n.erase(0, colons + 2);
+  if (n.size() > 48) n.resize(48);
+  return n;
+}
+
+struct Row {
+  std::string name;
+  std::vector<double> dur, adds, gap;  // [reps], us
+};
+
+int run(int argc, char** argv) {
+  std::string shape = "1b";
+  std::int32_t b = 1, l = 1024;
+  int reps = 20;
+  bool flush = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--shape" && i + 1 < argc) {
+      shape = argv[++i];
+      GD_REQUIRE(shape == "1b" || shape == "8b", "--shape", shape, "expected 1b or 8b");
+    } else if (a == "--batch" && i + 1 < argc) {
+      b = std::atoi(argv[++i]);
+      GD_REQUIRE(b >= 1, "--batch", b, "must be >= 1");
+    } else if (a == "--context" && i + 1 < argc) {
+      l = std::atoi(argv[++i]);
+      GD_REQUIRE(l >= 1, "--context", l, "must be >= 1");
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+      GD_REQUIRE(reps >= 3, "--reps", reps, "must be >= 3");
+    } else if (a == "--no-flush") {
+      flush = false;
+    } else {
+      std::printf("usage: %s [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush]\n",
+                  argv[0]);
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  cudaDeviceProp dev{};
+  GD_CUDA(cudaGetDeviceProperties(&dev, 0));
+  const ModelConfig config = bench_model_config(shape, false);
+  const HostWeights weights = synthetic_weights(config, 1234);
+  Stream s;
+  DecodeRig rig(weights, decode_only_options(b, l, 16), b, l, {}, 0, 1234, s.get());
+  Timer t(reps, flush, static_cast<std::size_t>(dev.l2CacheSize), s.get());
+  const StepDesc d = rig.desc();
+  for (int i = 0; i < 10; ++i)
+    GD_REQUIRE(rig.graphs->step(d, s.get()) == StepPath::kGraph, "path", "eager",
+               "the step did not replay its graph");
+  GD_CUDA(cudaStreamSynchronize(s.get()));
+
+  // Traced replays; the flush kernel before each splits the records into steps.
+  std::vector<KernelRecord> records;
+  g_records = &records;
+  GD_CUPTI(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+  GD_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  for (int i = 0; i < reps; ++i) {
+    t.flush_now(s.get());
+    GD_CUDA(cudaStreamSynchronize(s.get()));  // the step alone on the device
+    rig.graphs->step(d, s.get());
+    GD_CUDA(cudaStreamSynchronize(s.get()));
+  }
+  GD_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  GD_CUPTI(cuptiActivityFlushAll(1));
+  std::sort(records.begin(), records.end(),
+            [](const KernelRecord& x, const KernelRecord& y) { return x.start < y.start; });
+
+  std::vector<std::vector<KernelRecord>> steps;
+  for (const KernelRecord& r : records) {
+    if (r.name.find("l2_flush_read") != std::string::npos) {
+      steps.emplace_back();
+      continue;
+    }
+    if (steps.empty()) steps.emplace_back();  // --no-flush: one list, split below
+    steps.back().push_back(r);
+  }
+  if (!flush) {  // no flush kernels: the replays are back to back with a sync between
+    std::vector<KernelRecord> all = steps.empty() ? std::vector<KernelRecord>{} : steps[0];
+    steps.assign(static_cast<std::size_t>(reps), {});
+    GD_REQUIRE(all.size() % static_cast<std::size_t>(reps) == 0, "records", all.size(),
+               "not a whole number of steps");
+    const std::size_t per = all.size() / static_cast<std::size_t>(reps);
+    for (std::size_t i = 0; i < all.size(); ++i) steps[i / per].push_back(all[i]);
+  }
+  GD_REQUIRE(static_cast<int>(steps.size()) == reps, "steps", steps.size(),
+             "expected one traced step per replay");
+  const std::size_t kernels = steps[0].size();
+  std::vector<Row> rows(kernels);
+  std::vector<double> span;
+  for (const auto& st : steps) {
+    GD_REQUIRE(st.size() == kernels, "kernels", st.size(),
+               "every replay of the graph has the same kernels (" + std::to_string(kernels) + ")");
+    std::uint64_t latest = st.front().start;
+    for (std::size_t i = 0; i < kernels; ++i) {
+      const KernelRecord& k = st[i];
+      Row& r = rows[i];
+      if (r.name.empty()) r.name = short_name(k.name);
+      r.dur.push_back(1e-3 * static_cast<double>(k.end - k.start));
+      const std::uint64_t from = std::max(k.start, latest);
+      r.adds.push_back(k.end > from ? 1e-3 * static_cast<double>(k.end - from) : 0.0);
+      r.gap.push_back(k.start > latest ? 1e-3 * static_cast<double>(k.start - latest) : 0.0);
+      latest = std::max(latest, k.end);
+    }
+    span.push_back(1e-3 * static_cast<double>(latest - st.front().start));
+  }
+
+  std::printf("device: %s; shape %s, B %d, L %d, %d traced replays, L2 flush %s\n", dev.name,
+              shape.c_str(), b, l, reps, flush ? "on" : "off");
+  std::printf("\n%4s  %-48s %9s %9s %9s\n", "#", "kernel", "dur us", "adds us", "gap us");
+  struct Sum {
+    int count = 0;
+    double dur = 0, adds = 0, gap = 0;
+  };
+  std::map<std::string, Sum> by_name;
+  double adds_total = 0, gap_total = 0;
+  for (std::size_t i = 0; i < kernels; ++i) {
+    const Row& r = rows[i];
+    const double dur = median(r.dur), adds = median(r.adds), gap = median(r.gap);
+    std::printf("%4zu  %-48s %9.2f %9.2f %9.2f\n", i, r.name.c_str(), dur, adds, gap);
+    Sum& sm = by_name[r.name];
+    ++sm.count;
+    sm.dur += dur;
+    sm.adds += adds;
+    sm.gap += gap;
+    adds_total += adds;
+    gap_total += gap;
+  }
+  std::printf("\nby kernel (medians summed over one step)\n%-48s %5s %10s %10s %10s\n", "kernel",
+              "count", "dur us", "adds us", "gap us");
+  std::vector<std::pair<std::string, Sum>> sorted(by_name.begin(), by_name.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& x, const auto& y) { return x.second.adds + x.second.gap >
+                                                      y.second.adds + y.second.gap; });
+  for (const auto& [name, sm] : sorted)
+    std::printf("%-48s %5d %10.1f %10.1f %10.1f\n", name.c_str(), sm.count, sm.dur, sm.adds,
+                sm.gap);
+  std::printf("\nstep span (first start to last end), median: %.1f us; sum of adds %.1f us + gaps "
+              "%.1f us = %.1f us; %zu kernels\n",
+              median(span), adds_total, gap_total, adds_total + gap_total, kernels);
+  return 0;
+}
+
+}  // namespace
+}  // namespace graphdecode::bench
+
+int main(int argc, char** argv) {
+  try {
+    return graphdecode::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "probe_decode_timeline: %s\n", e.what());
+    return 1;
+  }
+}
