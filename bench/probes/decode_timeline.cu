@@ -6,8 +6,8 @@
 //   probe_decode_timeline [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush]
 //
 // The rig of bench_decode (bench/decode_rig.cuh: synthetic seeded weights, B requests at KV extent
-// L + 1, the forward's graph for bucket B), warmed up, then N replays each after an L2 flush, traced.
-// Per kernel of the step (graph order = start order), medians over the replays:
+// L + 1, the forward's graph for bucket B), warmed up, then N replays each after an L2 flush,
+// traced. Per kernel of the step (graph order = start order), medians over the replays:
 //   dur    end - start (a PDL kernel starts early and waits inside: dur counts its wait),
 //   adds   end - max(start, latest end before it): what it adds to the step's span,
 //   gap    start - latest end before it when positive (idle device between kernels).
@@ -35,14 +35,14 @@
 namespace graphdecode::bench {
 namespace {
 
-#define GD_CUPTI(expr)                                                                  \
-  do {                                                                                  \
-    const CUptiResult gd_r_ = (expr);                                                   \
-    if (gd_r_ != CUPTI_SUCCESS) {                                                       \
-      const char* gd_m_ = nullptr;                                                      \
-      cuptiGetResultString(gd_r_, &gd_m_);                                              \
+#define GD_CUPTI(expr)                                                                 \
+  do {                                                                                 \
+    const CUptiResult gd_r_ = (expr);                                                  \
+    if (gd_r_ != CUPTI_SUCCESS) {                                                      \
+      const char* gd_m_ = nullptr;                                                     \
+      cuptiGetResultString(gd_r_, &gd_m_);                                             \
       GD_FAIL(std::string(#expr) + ": " + (gd_m_ != nullptr ? gd_m_ : "CUPTI error")); \
-    }                                                                                   \
+    }                                                                                  \
   } while (0)
 
 struct KernelRecord {
@@ -211,15 +211,16 @@ int run(int argc, char** argv) {
   std::printf("\nby kernel (medians summed over one step)\n%-48s %5s %10s %10s %10s\n", "kernel",
               "count", "dur us", "adds us", "gap us");
   std::vector<std::pair<std::string, Sum>> sorted(by_name.begin(), by_name.end());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& x, const auto& y) { return x.second.adds + x.second.gap >
-                                                      y.second.adds + y.second.gap; });
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) {
+    return x.second.adds + x.second.gap > y.second.adds + y.second.gap;
+  });
   for (const auto& [name, sm] : sorted)
     std::printf("%-48s %5d %10.1f %10.1f %10.1f\n", name.c_str(), sm.count, sm.dur, sm.adds,
                 sm.gap);
-  std::printf("\nstep span (first start to last end), median: %.1f us; sum of adds %.1f us + gaps "
-              "%.1f us = %.1f us; %zu kernels\n",
-              median(span), adds_total, gap_total, adds_total + gap_total, kernels);
+  std::printf(
+      "\nstep span (first start to last end), median: %.1f us; sum of adds %.1f us + gaps "
+      "%.1f us = %.1f us; %zu kernels\n",
+      median(span), adds_total, gap_total, adds_total + gap_total, kernels);
   return 0;
 }
 
