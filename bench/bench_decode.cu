@@ -75,10 +75,6 @@ constexpr double kHeadroomBytes = 2.0 * (1 << 30);
 
 // ---- configs ------------------------------------------------------------------------------------
 
-RuntimeOptions decode_options(std::int32_t b, std::int32_t l) {
-  return decode_only_options(b, l, kPage);
-}
-
 // Device bytes of the model's KV pools for these options.
 double kv_pool_bytes(const ModelConfig& c, const RuntimeOptions& o) {
   const AttentionLayout layout = llama_attention_layout(c);
@@ -157,7 +153,7 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, int rep
   GD_CUDA(cudaMemGetInfo(&free_b, &total_b));
   // Weights + pools + headroom (activations, logits, cuBLAS workspace, graphs).
   const double need = static_cast<double>(w.total_bytes()) +
-                      kv_pool_bytes(c, decode_options(b, l)) + kHeadroomBytes;
+                      kv_pool_bytes(c, decode_only_options(b, l, kPage)) + kHeadroomBytes;
   if (need > 0.9 * static_cast<double>(free_b)) {
     r.skipped = true;
     char note[160];
@@ -167,7 +163,8 @@ Result bench_shape(const HostWeights& w, std::int32_t b, std::int32_t l, int rep
     r.note = note;
     return r;
   }
-  DecodeRig rig(w, decode_options(b, l), b, l, {}, 0, kSeed, s, RigSteps::kWithSampling);
+  DecodeRig rig(w, decode_only_options(b, l, kPage), b, l, {}, 0, kSeed, s,
+                RigSteps::kWithSampling);
   const GraphEagerRun run = time_graph_and_eager(rig, c.vocab_size, kWarmup, reps, t, s);
   time_sampling(rig, c.vocab_size, reps, t, s, r);
   r.graph = run.graph;

@@ -44,13 +44,12 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
 }
 
 bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
-  if (skinny_mode_ == SkinnyMode::kOff || uses_stream_gemv(a)) return false;
-  // kAuto: no shape. On the H100 it once beat cuBLAS on the 1B down projection (k 8192), which the
-  // stream GEMV now takes; on the H200 it loses everywhere bench_gemm measured, the 8B down
-  // projection included (k 14336, rows 1-4: 33.9-35.1 vs cuBLAS 31.0-31.3 us in bench_gemm; the
-  // 8B decode step 110-135 us faster with cuBLAS there,
-  // bench/results/h200_gemm_rule_8b_2026-11-27.txt).
-  if (skinny_mode_ == SkinnyMode::kAuto) return false;
+  // Only when asked for (kAlways), and not where the stream GEMV runs; kAuto takes no shape. On
+  // the H100 it once beat cuBLAS on the 1B down projection (k 8192), which the stream GEMV now
+  // takes; on the H200 it loses everywhere bench_gemm measured, the 8B down projection included
+  // (k 14336, rows 1-4: 33.9-35.1 vs cuBLAS 31.0-31.3 us; the 8B decode step is 110-135 us faster
+  // with cuBLAS there, bench/results/h200_gemm_rule_8b_2026-11-27.txt).
+  if (skinny_mode_ != SkinnyMode::kAlways || uses_stream_gemv(a)) return false;
   return a.in > 0 && a.out > 0 && skinny_gemm_supported(skinny_dev_, a.rows, a.in) &&
          aligned16(a.x) && aligned16(a.w);
 }
