@@ -28,7 +28,8 @@
 // one CTA each. A scan pass takes the argmax and, for rows with top-k or top-p, a 12-bit radix
 // histogram of the order keys (counts, and approximate masses with error bounds); the row's last
 // CTA turns the histogram into a plan: the bucket holding the k-th key and a range of buckets
-// that must hold the top-p threshold. A filter pass then scores every token above that range
+// that must hold the top-p threshold (with top-k <= 256 as well: every bucket of the top-k set, no
+// masses in the histogram). A filter pass then scores every token above that range
 // (Gumbel-max, merged with one 64-bit atomicMax per CTA), sums the exact masses the top-p total
 // needs, and compacts the tokens of the boundary buckets into a per-row candidate list. A resolve
 // pass (one CTA per row at a time) finds the exact thresholds among the candidates, checks with

@@ -7,7 +7,8 @@
 //           for rows with top-k or top-p, a 12-bit histogram of the order keys (counts; for top-p
 //           also approximate masses relative to a per-CTA bucket reference), merged into the row's
 //           global histogram. The row's last CTA (arrival ticket) writes the plan: the top-k
-//           bucket and the top-p bucket range [lo, hi].
+//           bucket and the top-p bucket range [lo, hi] (top-p with top-k <= 256: [top-k bucket,
+//           top bucket], the whole top-k set; p_in_candidates).
 //   filter  (sampling_filter.cu)  a persistent grid over the (row, chunk) items, rows in reverse
 //           order (the rows the scan read last are still in L2): tokens in buckets above hi are
 //           kept for sure: scored,
@@ -181,6 +182,19 @@ struct RowPlan {
 
 __device__ __forceinline__ bool has_plan(const RowParams& rp) {
   return rp.k_on || rp.p_on;
+}
+
+// Top-p inside a bounded top-k set (k <= kScanThreads, the scan's bounded histogram): the whole
+// top-k set is few enough to be the row's candidates, so the plan takes every bucket from the
+// k-th key's up, and resolve finds both thresholds exactly among them. The scan then needs no mass
+// histogram for the row (counts above the bound only, as top-k alone), and the filter scores
+// nothing for it.
+__device__ __forceinline__ bool p_in_candidates(const RowParams& rp) {
+  return rp.k_on && rp.p_on && rp.top_k <= kScanThreads;
+}
+// The scan's approximate bucket masses are needed: top-p over more than a bounded top-k set.
+__device__ __forceinline__ bool needs_masses(const RowParams& rp) {
+  return rp.p_on && !p_in_candidates(rp);
 }
 
 // Whether a row is sampled: T > 0, a non-NaN max that is finite, a finite 1 / T (sampling.h).

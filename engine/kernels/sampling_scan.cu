@@ -47,7 +47,8 @@ __device__ __noinline__ void make_plan(const Launch& L, int r, const RowParams& 
   // then owned in contiguous runs of 16 for the scans.
   float* lower = reinterpret_cast<float*>(sh.a);
   float* upper = reinterpret_cast<float*>(sh.b);
-  if (rp.p_on) {
+  const bool masses = needs_masses(rp);
+  if (masses) {
 #pragma unroll 4
     for (int b = tid; b < kBuckets; b += kScanThreads) {  // 4 buckets' loads in flight
       const u32 n = __ldcg(&h.count[b]);
@@ -112,7 +113,10 @@ __device__ __noinline__ void make_plan(const Launch& L, int r, const RowParams& 
   const int bk0 = rp.k_on ? bk : 0;  // lowest bucket of the top-k set
 
   int lo = bk, hi = bk;
-  if (rp.p_on) {
+  if (p_in_candidates(rp)) {  // every bucket of the top-k set: resolve decides top-p exactly
+    lo = bk;
+    hi = kBuckets - 1;
+  } else if (rp.p_on) {
     // Bounds on Z (the top-k set's mass) and on C(b), the mass of buckets above b. The top
     // token of bucket b is kept iff C(b) < p Z: possibly when C_lo(b) < p Z_hi, surely when
     // C_hi(b) < p Z_lo.
@@ -182,6 +186,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   const int tid = threadIdx.x;
   const RowParams rp = row_params(a, r);
   const bool hist = has_plan(rp);
+  const bool masses = needs_masses(rp);
   pdl_launch_dependents();  // launched plainly: the filter's CTAs may become resident now
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
@@ -194,7 +199,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   if (hist)  // cleared while the loads are in flight
     for (int b = tid; b < kBuckets; b += kScanThreads) {
       sh.a[b] = 0;
-      if (rp.p_on) sh.b[b] = 0;
+      if (masses) sh.b[b] = 0;
     }
 
   u64 best = 0;
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
 
   {
     RowHist& h = L.ws.hist(r);
-    if (!rp.p_on) {
+    if (!masses) {
 #pragma unroll
       for (int j = 0; j < kU; ++j)
 #pragma unroll
@@ -271,7 +276,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
       const u32 n = sh.a[b];
       if (n == 0) continue;
       atomicAdd(&h.count[b], n);
-      if (!rp.p_on) continue;
+      if (!masses) continue;
       const float ref = fminf(bucket_top_value(b), key_to_float(packed_key(best)));
       atomicMax(&h.maxkey[b], key_of(ref));
       const u32 q = sh.b[b];

@@ -94,8 +94,10 @@ std::vector<Params> param_mix(int vocab) {
           {0.7f, vocab - 1, 0.9999f},
           {-1.f, 50, 0.9f},
           {0.3f, 200, 0.8f},
-          {1.f, 256, 0.9f},  // the largest k whose scan histogram is bounded
-          {0.9f, 257, 1.f}};
+          {1.f, 256, 0.9f},  // the largest k whose scan histogram is bounded: top-p decided
+                             // among the whole top-k set's candidates (p_in_candidates)
+          {0.9f, 257, 1.f},
+          {0.9f, 257, 0.9f}};  // top-p with the approximate masses' range again
 }
 
 struct Stats {
