@@ -92,7 +92,8 @@ struct alignas(128) RowState {
   std::int32_t greedy;  // its index
   std::int32_t mode;    // RowMode
   std::int32_t bk;      // bucket holding the k-th largest key; -1 = top-k off
-  std::int32_t lo, hi;  // top-p bucket range (top-k only: bk, bk; neither: -1, -1)
+  std::int32_t lo, hi;  // top-p bucket range (top-k only: bk, bk; top-p within a top-k <= 256:
+                        // bk, kBuckets - 1; neither: -1, -1)
   u32 above_k;          // tokens in buckets above bk
   u32 below;            // tokens of the top-k set's buckets below lo (0: nothing to check)
 };
