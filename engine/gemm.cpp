@@ -70,6 +70,17 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
          stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);
 }
 
+bool Gemm::fuses_norm(const GemmArgs& a) const noexcept {
+  return !plain_ && a.out_type == GemmOut::kBF16 && uses_stream_gemv(a);
+}
+
+void Gemm::run_fused(const GemmArgs& a, const StreamGemvFusion& fusion, cudaStream_t stream) const {
+  GD_REQUIRE(a.rows > 0 && fuses_norm(a), "rows", a.rows,
+             "the norm fusions run in the stream GEMV only (bf16 output, a shape it takes; "
+             "Gemm::fuses_norm)");
+  stream_gemv(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream, fusion);
+}
+
 Gemm::~Gemm() {
   if (handle_ != nullptr) static_cast<void>(cublasDestroy(handle_));
 }

@@ -23,6 +23,7 @@
 #include "common/buffers.h"
 #include "common/error.h"
 #include "engine/kernels/skinny_gemm.h"
+#include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode::detail {
 inline void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
@@ -87,6 +88,17 @@ class Gemm {
   void set_gemv_mode(GemvMode m) noexcept { gemv_mode_ = m; }
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }
   bool uses_stream_gemv(const GemmArgs& args) const noexcept;
+
+  // The stream GEMV's norm fusions (StreamGemvFusion, engine/kernels/stream_gemv.h): a decode
+  // layer's input RMSNorm folded into the down projection before it and the qkv projection after
+  // it. fuses_norm(args): run(args) takes the stream GEMV (not the plain GEMM of racecheck runs)
+  // with a bf16 output, so run_fused may be used; run_fused throws otherwise.
+  bool fuses_norm(const GemmArgs& args) const noexcept;
+  void run_fused(const GemmArgs& args, const StreamGemvFusion& fusion, cudaStream_t stream) const;
+  // CTAs of the stream GEMV over `out` outputs: the parts of the squares its epilogue leaves.
+  std::int32_t stream_gemv_parts(std::int32_t out) const {
+    return stream_gemv_grid(skinny_dev_, out);
+  }
   // GRAPHDECODE_PLAIN_GEMM=1 in the environment when the Gemm was made: every GEMM runs the plain
   // kernel of engine/kernels/plain_gemm.h instead of cuBLAS or the skinny kernel (racecheck runs;
   // the reason is in that header).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "common/error.h"
@@ -90,6 +92,10 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   proj_ = DeviceBuffer<std::uint16_t>(t * h);
   gate_up_ = DeviceBuffer<std::uint16_t>(t * 2 * inter);
   act_ = DeviceBuffer<std::uint16_t>(t * inter);
+  sum_sq_ = DeviceBuffer<float>(
+      static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows);
+  if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_NORM"))
+    fuse_norm_ = std::strcmp(fuse, "0") != 0;
   logit_x_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_res_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_normed_ = DeviceBuffer<std::uint16_t>(b * h);
@@ -100,6 +106,7 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
         &logit_normed_})
     buf->fill_bytes(0, stream);
   logits_.fill_bytes(0, stream);
+  sum_sq_.fill_bytes(0, stream);
   GD_CUDA(cudaStreamSynchronize(stream));
   allocate_encoder_staging(options.resolved_max_slots(), stream);
 }
@@ -169,15 +176,40 @@ void LlamaModel::norm(const std::uint16_t* x, std::uint16_t* residual, const std
   rmsnorm(a, stream);
 }
 
+bool LlamaModel::fuses_input_norm(std::int32_t rows) const {
+  if (!fuse_norm_ || config_.any_cross()) return false;
+  const std::int32_t h = config_.hidden_size;
+  const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
+  for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = weights_.layer(l);
+    if (!gemm_.fuses_norm(
+            {residual_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}) ||
+        !gemm_.fuses_norm({act_.data(), w.down, proj_.data(), rows, config_.intermediate_size, h,
+                           GemmOut::kBF16}))
+      return false;
+  }
+  return true;
+}
+
 void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
-                                 std::int32_t rows, cudaStream_t stream) {
+                                 std::int32_t rows, bool norm_in, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   const std::int32_t d = config_.head_dim, h = config_.hidden_size;
   const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
 
-  gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
+  if (norm_in) {  // x = residual_, normed by the GEMV from the last down projection's squares
+    StreamGemvFusion f;
+    f.norm_weight = w.input_norm;
+    f.sum_sq_in = sum_sq_.data();
+    f.parts = gemm_.stream_gemv_parts(h);
+    f.eps = static_cast<float>(config_.rms_norm_eps);
+    gemm_.run_fused({residual_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, f,
+                    stream);
+  } else {
+    gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
+  }
   // qkv [+ bias] -> Qwen3 q/k norm -> rope -> q_, and K/V straight into the layer's pages.
   const AttentionContext a = rt.layer(l, m);
   QkvEpilogueArgs e;
@@ -215,7 +247,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
 }
 
 void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
-                           cudaStream_t stream) {
+                           bool add_residual, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
@@ -231,7 +263,15 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
   s.max_rows = rows;
   s.inter = inter;
   swiglu(s, stream);
-  gemm_.run({act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16}, stream);
+  const GemmArgs down{act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16};
+  if (add_residual) {  // residual_ += down, and its squares for the next layer's qkv GEMV
+    StreamGemvFusion f;
+    f.residual = residual_.data();
+    f.sum_sq_out = sum_sq_.data();
+    gemm_.run_fused(down, f, stream);
+  } else {
+    gemm_.run(down, stream);
+  }
 }
 
 void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const StepShape& shape,
@@ -255,21 +295,22 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   embedding(e, stream);
 
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
+  const bool fuse = fuses_input_norm(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
       norm(residual_.data(), nullptr, w.input_norm, normed_.data(), num_tokens, rows, h, stream);
-    } else {  // residual += previous MLP output (gated if that layer was a cross layer)
+    } else if (!fuse) {  // residual += previous MLP output (gated if that layer was a cross layer)
       add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, /*mlp=*/true, stream);
-    }
+    }  // fused: layer l - 1's down projection added it; the qkv GEMV norms
     // residual_ now holds the stream entering layer l (layer 0: the embedding).
     if (aux_.size() > 0) capture_aux(m, l, rows, stream);
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {
-      attention_block(rt, m, l, rows, stream);
+      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, stream);
     }
-    mlp_block(m, l, rows, stream);
+    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, stream);
   }
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.

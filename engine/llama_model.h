@@ -130,11 +130,16 @@ class LlamaModel {
   // [1] sticky device flag: bit kEmbeddingBadTokenBit set when a token id was out of range.
   std::int32_t* bad_token_flag() const noexcept { return bad_token_.data(); }
   const ModelConfig& config() const noexcept { return config_; }
+  // True when a step of `rows` rows folds each layer's input RMSNorm (layers 1..) into the GEMVs
+  // around it (StreamGemvFusion, engine/kernels/stream_gemv.h): every down and qkv projection takes
+  // the stream GEMV, the model has no cross layers, and GRAPHDECODE_FUSE_NORM is not 0.
+  bool fuses_input_norm(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
+  // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
-                       std::int32_t rows, cudaStream_t stream);
+                       std::int32_t rows, bool norm_in, cudaStream_t stream);
   // Cross layers (engine/llama_cross.cu): q projection, per-head q norm, attention over the
   // encoder keys, o projection into proj_.
   void cross_attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
@@ -144,7 +149,9 @@ class LlamaModel {
   // rmsnorm(residual) with `w`; `w` nullptr: the residual update alone.
   void add_norm(const StepMetaView& meta, const std::uint16_t* gate, const std::uint16_t* w,
                 std::int32_t rows, bool mlp, cudaStream_t stream);
-  void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows,
+  // add_residual: the down projection adds its output to residual_ and leaves sum_sq_ for the
+  // next layer's qkv GEMV (fuses_input_norm).
+  void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows, bool add_residual,
                  cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
             std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,
@@ -175,6 +182,10 @@ class LlamaModel {
   DeviceBuffer<std::uint16_t> proj_;      // [hidden] o_proj / down_proj output
   DeviceBuffer<std::uint16_t> gate_up_;   // [2 inter]
   DeviceBuffer<std::uint16_t> act_;       // [inter]
+  // [stream_gemv_parts(hidden)][kSkinnyMaxRows] float: the down projection's per-CTA sums of
+  // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm).
+  DeviceBuffer<float> sum_sq_;
+  bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // [max_logit_rows][hidden]: the logits rows' x, residual and final norm.
   DeviceBuffer<std::uint16_t> logit_x_, logit_res_, logit_normed_;
   DeviceBuffer<float> logits_;          // [max_logit_rows][vocab]

@@ -3,14 +3,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "common/align.h"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
+#include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
 namespace {
+
+using detail::bf16_bits_to_float;
+using detail::float_to_bf16_bits;
+using detail::round_bf16;
 
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * (1 + kConsumerWarps);  // warp 0 produces, warps 1..8 consume
@@ -38,6 +45,13 @@ struct Params {
   std::int32_t stages;       // ring depth, 2..kMaxStages
   std::int32_t x_row_bytes;  // 2k + kRowPad
   bool out_f32;
+  // StreamGemvFusion (stream_gemv.h): epilogue residual add + per-CTA squares, prologue norm.
+  std::uint16_t* residual;      // [rows][n] or nullptr
+  float* sum_sq_out;            // [gridDim.x][rows]
+  const std::uint16_t* norm_w;  // [k] or nullptr
+  const float* sum_sq_in;       // [parts][rows]
+  std::int32_t parts;
+  float eps;
 };
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
@@ -146,16 +160,53 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
   const int xch = p.k / 8;  // 16-byte chunks per x row
-  for (int idx = ct; idx < p.rows * xch; idx += kConsumerThreads) {
-    const int r = idx / xch, ch = idx - r * xch;
-    *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
-        *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
+  if (p.norm_w == nullptr) {
+    for (int idx = ct; idx < p.rows * xch; idx += kConsumerThreads) {
+      const int r = idx / xch, ch = idx - r * xch;
+      *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
+          *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
+    }
+  } else {
+    // Row r's inverse RMS from the parts' sums (warp r: lanes stride the parts, then a fixed
+    // xor tree), into red[r]; red is free until the first tile's partials (after the sync below).
+    if (cw < p.rows) {
+      float ss = 0.f;
+      for (int c = lane; c < p.parts; c += 32) ss += p.sum_sq_in[c * p.rows + cw];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) red[cw] = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
+    }
+    consumers_sync();
+    for (int idx = ct; idx < p.rows * xch; idx += kConsumerThreads) {
+      const int r = idx / xch, ch = idx - r * xch;
+      const float inv_rms = red[r];
+      const uint4 xv =
+          *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
+      const uint4 wv = *reinterpret_cast<const uint4*>(p.norm_w + ch * 8);
+      const std::uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+      std::uint32_t out[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        std::uint32_t packed = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // as rmsnorm_kernel: w * bf16(v * inv_rms), then bf16
+          const auto xb = static_cast<std::uint16_t>(xw[i] >> (16 * h));
+          const auto wb = static_cast<std::uint16_t>(ww[i] >> (16 * h));
+          const float o = bf16_bits_to_float(wb) * round_bf16(bf16_bits_to_float(xb) * inv_rms);
+          packed |= static_cast<std::uint32_t>(float_to_bf16_bits(o)) << (16 * h);
+        }
+        out[i] = packed;
+      }
+      *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
+          make_uint4(out[0], out[1], out[2], out[3]);
+    }
   }
   consumers_sync();
 
   const int g = lane >> 2, t = lane & 3;  // mma: W row (B column) and x row (A row) g, k quarter t
   const bool x_row = g < p.rows;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float sq = 0.f;  // epilogue: this thread's (row, column of 8) squares of the new residual
   int i = 0;
   for (int tile = tb; tile < te; ++tile) {
     float acc0 = 0.f, acc1 = 0.f;  // D[x row g][W rows 2t, 2t + 1]
@@ -192,12 +243,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int q = 0; q < kConsumerWarps; ++q)
           sum += part[(q * kSkinnyMaxRows + m) * kTileRows + ct % kTileRows];
         const std::size_t at = static_cast<std::size_t>(m) * p.n + col;
-        if (p.out_f32)
+        if (p.out_f32) {
           static_cast<float*>(p.y)[at] = sum;
-        else
-          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(sum);
+        } else {
+          const std::uint16_t yb = float_to_bf16_bits(sum);
+          static_cast<std::uint16_t*>(p.y)[at] = yb;
+          if (p.residual != nullptr) {  // as rmsnorm_kernel's add: bf16(residual + bf16 y)
+            const float r = round_bf16(bf16_bits_to_float(p.residual[at]) + bf16_bits_to_float(yb));
+            p.residual[at] = float_to_bf16_bits(r);
+            sq += r * r;
+          }
+        }
       }
     }
+  }
+  if (p.residual != nullptr && ct < kSkinnyMaxRows * kTileRows) {
+    // Threads ct = 8 m + c (two whole warps) hold row m's squares by column c: a fixed xor tree
+    // over the 8 lanes of the row, then this CTA's part.
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    const int m = ct / kTileRows;
+    if (ct % kTileRows == 0 && m < p.rows) p.sum_sq_out[blockIdx.x * p.rows + m] = sq;
   }
 }
 
@@ -218,9 +284,29 @@ bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
          ring_stages(dev, rows, k) >= 2;
 }
 
-void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
+std::int32_t stream_gemv_grid(const SkinnyGemmDevice& dev, std::int32_t n) {
+  GD_REQUIRE(n > 0, "n", n, "must be positive");
+  return std::min(dev.sm_count, (n + kTileRows - 1) / kTileRows);
+}
+
+void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream,
+                 const StreamGemvFusion& f) {
   require_skinny_args(dev, a, "stream GEMV", stream_gemv_supported(dev, a.rows, a.k),
                       "x and two stages do not fit in shared memory");
+  if (f.residual != nullptr) {
+    GD_REQUIRE(!a.out_f32, "out_f32", "true", "the residual epilogue writes bf16 outputs only");
+    GD_REQUIRE(f.sum_sq_out != nullptr, "sum_sq_out", "nullptr",
+               "the residual epilogue leaves its squares there");
+  }
+  if (f.norm_weight != nullptr) {
+    GD_REQUIRE(aligned16(f.norm_weight), "norm_weight", f.norm_weight, "must be 16-byte aligned");
+    GD_REQUIRE(f.sum_sq_in != nullptr, "sum_sq_in", "nullptr",
+               "the norm prologue reads the residual's squares there");
+    GD_REQUIRE(f.parts >= 1 && f.parts <= dev.sm_count, "parts", f.parts,
+               "must be the grid of the GEMV that left the squares (1.." +
+                   std::to_string(dev.sm_count) + ")");
+    GD_REQUIRE(f.eps > 0.f, "eps", f.eps, "must be positive");
+  }
   // The opt-in limit once per process (one device: the engine's model).
   static const bool opted_in = [&] {
     GD_CUDA(cudaFuncSetAttribute(stream_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -240,9 +326,15 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.stages = ring_stages(dev, a.rows, a.k);
   p.x_row_bytes = 2 * a.k + kRowPad;
   p.out_f32 = a.out_f32;
+  p.residual = f.residual;
+  p.sum_sq_out = f.sum_sq_out;
+  p.norm_w = f.norm_weight;
+  p.sum_sq_in = f.sum_sq_in;
+  p.parts = f.parts;
+  p.eps = f.eps;
   const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
                            static_cast<std::size_t>(p.stages) * kStageBytes;
-  const int grid = std::min(dev.sm_count, p.tiles);
+  const int grid = stream_gemv_grid(dev, a.n);
   launch_pdl(stream_gemv_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
              p);
 }

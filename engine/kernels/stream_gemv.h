@@ -30,8 +30,34 @@ namespace graphdecode {
 // x plus at least two stages fit in shared memory.
 bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k);
 
-// Validates `args` (graphdecode::Error names the field) and launches on
-// `stream`.
-void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream);
+// A decode layer's input RMSNorm without a kernel of its own: the GEMV before it (the MLP down
+// projection) adds its output to the residual stream and leaves each CTA's sum of squares of the
+// new residual rows; the GEMV after it (qkv) scales the residual while staging it as x. The sums
+// are per CTA (each owns whole columns), so no CTA waits on another and the staging, which every
+// CTA does before its first product, gains no reduction.
+struct StreamGemvFusion {
+  // Epilogue, when `residual` is set (bf16 output only): after y = bf16(x W^T),
+  //   residual[r][c] = bf16(residual[r][c] + y[r][c])  (as rmsnorm's residual add rounds)
+  // and sum_sq_out[cta][r] = sum over that CTA's columns c of residual[r][c]^2 (fp32, fixed order).
+  std::uint16_t* residual = nullptr;  // [rows][n] bf16
+  float* sum_sq_out = nullptr;        // [stream_gemv_grid(dev, n)][rows]
+  // Prologue, when `norm_weight` is set: x is a residual stream whose squares `sum_sq_in` holds
+  // (an epilogue above over n = k); the product runs on rmsnorm(x) as model_kernels.h computes it,
+  //   x'[r][i] = bf16(norm_weight[i] * bf16(x[r][i] * rsqrt(sum_c sum_sq_in[c][r] / k + eps))),
+  // with the sum over c in a fixed order (bitwise reproducible; it differs from the rmsnorm
+  // kernel's order, so the two agree to fp32 rounding, not bitwise).
+  const std::uint16_t* norm_weight = nullptr;  // [k] bf16, 16-byte aligned
+  const float* sum_sq_in = nullptr;            // [parts][rows]
+  std::int32_t parts = 0;
+  float eps = 1e-5f;
+};
+
+// CTAs of a stream GEMV launch over n outputs (one per SM at most): the `parts` of the sums an
+// epilogue leaves.
+std::int32_t stream_gemv_grid(const SkinnyGemmDevice& dev, std::int32_t n);
+
+// Validates `args` and `fusion` (graphdecode::Error names the field) and launches on `stream`.
+void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream,
+                 const StreamGemvFusion& fusion = {});
 
 }  // namespace graphdecode

@@ -12,37 +12,20 @@
 #include "engine/engine.h"
 #include "engine/weights.h"
 #include "llama_reference.h"
+#include "support/scoped_env.h"
 
 namespace graphdecode::testing {
 
 // GRAPHDECODE_GEMV=off while it lives (engine/gemm.h GemvMode): the Gemms made meanwhile run
-// cuBLAS or the skinny kernel at every row count. For the tests that compare speculative tokens
-// with plain decoding: a plain decode step at rows <= 4 would take the stream GEMV, which a verify
-// step's rows never take; the two then round differently and near-tie divergences stop being rare
-// (H200: 11 and 15 of 16 request runs in SpecGreedy on random weights, each a float64-confirmed
-// near-tie). The stream GEMV has its own tests (test_skinny_gemm_gpu) and runs in the other engine
-// tests.
-class ScopedGemvOff {
+// cuBLAS or the skinny kernel at every row count (so their models fold no norm into a GEMV). For
+// the tests that compare speculative tokens with plain decoding: a plain decode step at rows <= 4
+// would take the stream GEMV, which a verify step's rows never take; the two then round differently
+// and near-tie divergences stop being rare (H200: 11 and 15 of 16 request runs in SpecGreedy on
+// random weights, each a float64-confirmed near-tie). The stream GEMV has its own tests
+// (test_skinny_gemm_gpu) and runs in the other engine tests.
+class ScopedGemvOff : public ScopedEnv {
  public:
-  ScopedGemvOff() {
-    const char* v = std::getenv(kName);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv(kName, "off", 1);
-  }
-  ~ScopedGemvOff() {
-    if (had_)
-      setenv(kName, old_.c_str(), 1);
-    else
-      unsetenv(kName);
-  }
-  ScopedGemvOff(const ScopedGemvOff&) = delete;
-  ScopedGemvOff& operator=(const ScopedGemvOff&) = delete;
-
- private:
-  static constexpr const char* kName = "GRAPHDECODE_GEMV";
-  bool had_ = false;
-  std::string old_;
+  ScopedGemvOff() : ScopedEnv("GRAPHDECODE_GEMV", "off") {}
 };
 
 // Every request's tokens and finish events; collect() fails the test on a token after a finish.

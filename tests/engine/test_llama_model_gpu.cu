@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "graphs/step_graphs.h"
 #include "llama_reference.h"
 #include "support/gpu_test.h"
+#include "support/scoped_env.h"
 
 namespace graphdecode {
 namespace {
@@ -179,6 +181,62 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   GD_CUDA(cudaStreamSynchronize(h.stream.get()));
   EXPECT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0);
   for (float x : replay) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Decode steps at rows <= 4 fold each layer's input RMSNorm into the stream GEMVs around it
+// (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 8 rows do not.
+// Three replayed decode steps: the fused model's logits within the verify-vs-decode bound of the
+// unfused model's (GRAPHDECODE_FUSE_NORM=0: the rmsnorm kernel; the squares add in another
+// order) and of the float64 reference.
+TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 29);
+  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
+  seqs.push_back(std::vector<std::int32_t>(23));
+  for (std::size_t i = 0; i < seqs[2].size(); ++i)
+    seqs[2][i] = static_cast<std::int32_t>((i * 41 + 7) % config.vocab_size);
+  const char* plain_env = std::getenv("GRAPHDECODE_PLAIN_GEMM");  // racecheck runs: no GEMV
+  const bool plain = plain_env != nullptr && std::strcmp(plain_env, "1") == 0;
+  Harness fused(w, harness_options(4));
+  std::unique_ptr<Harness> unfused;
+  {
+    const testing::ScopedEnv off("GRAPHDECODE_FUSE_NORM", "0");
+    unfused = std::make_unique<Harness>(w, harness_options(4));
+  }
+  for (std::int32_t rows : {1, 2, 4})
+    EXPECT_EQ(fused.model->fuses_input_norm(rows), !plain) << rows;
+  EXPECT_FALSE(fused.model->fuses_input_norm(8)) << "8 rows run cuBLAS";
+  EXPECT_FALSE(unfused->model->fuses_input_norm(4));
+  std::vector<StepRequest> freq = fused.prefill(seqs), ureq = unfused->prefill(seqs);
+  const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);
+  for (std::int32_t step = 0; step < 3; ++step) {
+    std::vector<std::int32_t> ids;
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      freq[p].extend_len = ureq[p].extend_len = 1;
+      ids.push_back(
+          static_cast<std::int32_t>((p * 13 + static_cast<std::size_t>(step) * 7 + 1) % vocab));
+      seqs[p].push_back(ids.back());
+    }
+    std::vector<float> got, want;
+    ASSERT_EQ(fused.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, got),
+              StepPath::kGraph);
+    ASSERT_EQ(unfused->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, ureq, ids, want),
+              StepPath::kGraph);
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      const std::vector<double> ref = testing::reference_last_logits(w, seqs[p]);
+      double max_want = 0, err_want = 0, top = 0, err_ref = 0;
+      for (std::size_t v = 0; v < vocab; ++v) {
+        const double g = got[p * vocab + v];
+        ASSERT_TRUE(std::isfinite(g)) << "step " << step << " request " << p << " vocab " << v;
+        max_want = std::max(max_want, std::abs(static_cast<double>(want[p * vocab + v])));
+        err_want = std::max(err_want, std::abs(g - want[p * vocab + v]));
+        top = std::max(top, std::abs(ref[v]));
+        err_ref = std::max(err_ref, std::abs(g - ref[v]));
+      }
+      EXPECT_LE(err_want, 0.02 * max_want + 1e-4) << "step " << step << " request " << p;
+      EXPECT_LE(err_ref, 0.05 * top + 1e-4) << "step " << step << " request " << p << " vs float64";
+    }
+  }
 }
 
 // A target-verify step of N = 4 tokens per request, captured with logits for every row, gives
