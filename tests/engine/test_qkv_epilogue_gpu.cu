@@ -23,6 +23,7 @@
 #include "engine/kernels/rope_freqs.h"
 #include "graphs/cuda_graph.h"
 #include "memory/kv_write.h"
+#include "support/device_vectors.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -46,20 +47,6 @@ Bits random_bf16(Rng& rng, std::size_t n, float lo, float hi) {
   for (auto& x : v) x = float_to_bf16(u(rng));
   return v;
 }
-template <typename T>
-DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
-  DeviceBuffer<T> d(h.size());
-  d.upload(h.data(), h.size(), s);
-  return d;
-}
-template <typename T>
-std::vector<T> to_host(const DeviceBuffer<T>& d, cudaStream_t s) {
-  std::vector<T> h(d.size());
-  d.download(h.data(), h.size(), s);
-  GD_CUDA(cudaStreamSynchronize(s));
-  return h;
-}
-
 struct Case {
   int hd, hq, hkv;
   bool bias, norm;

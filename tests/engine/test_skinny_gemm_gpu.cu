@@ -33,7 +33,9 @@
 #include "engine/gemm.h"
 #include "engine/kernels/skinny_gemm.h"
 #include "engine/kernels/stream_gemv.h"
+#include "gemm_test_data.h"
 #include "graphs/cuda_graph.h"
+#include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
 
@@ -55,14 +57,6 @@ struct Problem {
   Bits x, w;                     // [rows][k], [n][k]
   std::vector<double> ref, mag;  // [rows][n]
 };
-
-Bits random_bits(Rng& rng, std::size_t count, bool exact) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::uniform_int_distribution<int> grid(-16, 16);
-  Bits v(count);
-  for (auto& e : v) e = float_to_bf16(exact ? grid(rng) / 16.f : u(rng));
-  return v;
-}
 
 // Fresh x; W from `w` when given (one W serves every row count), else fresh.
 Problem make_problem(Rng& rng, int rows, int k, int n, bool exact, const Bits* w = nullptr) {
@@ -99,13 +93,6 @@ std::string case_name(int rows, int k, int n, bool exact, GemmOut out) {
 double bound(const Problem& p, std::size_t i, GemmOut out) {
   const double acc = (p.k / 16.0 + 16.0) * std::ldexp(1.0, -23) * p.mag[i];
   return (out == GemmOut::kBF16 ? std::ldexp(std::abs(p.ref[i]), -8) : 0.0) + acc;
-}
-
-template <typename T>
-DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
-  DeviceBuffer<T> d(h.size());
-  d.upload(h.data(), h.size(), s);
-  return d;
 }
 
 // Runs one GEMM (`launch`, given args with y set) into a poisoned buffer; returns the outputs, or

@@ -24,6 +24,8 @@
 #include "engine/gemm.h"
 #include "engine/kernels/model_kernels.h"
 #include "engine/kernels/stream_gemv.h"
+#include "gemm_test_data.h"
+#include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
 
@@ -36,30 +38,6 @@ using reference::float_to_bf16;
 using Bits = std::vector<std::uint16_t>;
 
 class StreamGemvFusionGpu : public GpuTest {};
-
-// count bf16 values: uniform in [-1, 1], or multiples of 1/16 there (`exact`).
-Bits random_bits(Rng& rng, std::size_t count, bool exact) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::uniform_int_distribution<int> grid(-16, 16);
-  Bits v(count);
-  for (auto& e : v) e = float_to_bf16(exact ? grid(rng) / 16.f : u(rng));
-  return v;
-}
-
-template <typename T>
-DeviceBuffer<T> to_device(const std::vector<T>& h, cudaStream_t s) {
-  DeviceBuffer<T> d(h.size());
-  d.upload(h.data(), h.size(), s);
-  return d;
-}
-
-template <typename T>
-std::vector<T> to_host(const DeviceBuffer<T>& d, cudaStream_t s) {
-  std::vector<T> h(d.size());
-  d.download(h.data(), h.size(), s);
-  GD_CUDA(cudaStreamSynchronize(s));
-  return h;
-}
 
 // The plain stream GEMV of x [rows][k] by w [n][k] into a fresh bf16 buffer.
 Bits plain_gemv(const SkinnyGemmDevice& dev, const DeviceBuffer<std::uint16_t>& x,
