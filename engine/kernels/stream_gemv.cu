@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "common/align.h"
@@ -22,13 +24,19 @@ using detail::round_bf16;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * (1 + kConsumerWarps);  // warp 0 produces, warps 1..8 consume
 constexpr int kConsumerThreads = 32 * kConsumerWarps;
-constexpr int kTileRows = 8;   // W rows per tile: the mma's n
-constexpr int kChunkK = 1024;  // k per stage and W row: 2 KiB of a row
+constexpr int kTileRows = 8;  // W rows per tile: the mma's n
+// k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs that k
+// needs and that leaves kMinStages stages beside x. Wider stages mean fewer barrier round trips
+// per byte for the consumers: at 2048 (whole 4 KiB rows at k = 2048) bench_gemm on the H200 had
+// the 1B down projection at 10.84 vs 12.02 us (1024), gate_up 18.74 vs 22.11, lm_head 128.3 vs
+// 152.3, qkv and o unchanged (bench/results/h200_stream_gemv_chunk_2026-11-27.txt).
+// GRAPHDECODE_GEMV_CHUNK=1024|2048|4096 caps it (A/B runs).
+constexpr int kChunkKs[] = {4096, 2048, 1024};
+constexpr int kDefaultMaxChunkK = 2048;
+constexpr int kMinStages = 3;
 constexpr int kRowPad = 16;    // bytes after each staged row: the 8 rows a warp reads hit
                                // different banks (a row is a multiple of 128 bytes otherwise)
-constexpr int kStageRowBytes = kChunkK * 2 + kRowPad;
-constexpr int kStageBytes = kTileRows * kStageRowBytes;
-constexpr int kMaxStages = 8;  // 8 x 16.1 KiB in flight per SM
+constexpr int kMaxStages = 8;  // barrier slots (8 x 16.1 KiB in flight per SM at chunk 1024)
 constexpr int kRedFloats = kConsumerWarps * kSkinnyMaxRows * kTileRows;
 // Shared memory: [full, empty barriers: kMaxStages each][partials: 2 x kRedFloats][x rows][ring]
 constexpr int kBarrierBytes = 2 * kMaxStages * 8;
@@ -40,10 +48,13 @@ struct Params {
   const std::uint16_t* w;  // [n][k]
   void* y;                 // [rows][n]
   std::int32_t rows, k, n;
-  std::int32_t tiles;        // ceil(n / 8)
-  std::int32_t chunks;       // ceil(k / kChunkK): stages per tile
-  std::int32_t stages;       // ring depth, 2..kMaxStages
-  std::int32_t x_row_bytes;  // 2k + kRowPad
+  std::int32_t tiles;            // ceil(n / 8)
+  std::int32_t chunk_k;          // k per stage and W row (one of kChunkKs)
+  std::int32_t stage_row_bytes;  // 2 chunk_k + kRowPad
+  std::int32_t stage_bytes;      // kTileRows stage rows
+  std::int32_t chunks;           // ceil(k / chunk_k): stages per tile
+  std::int32_t stages;           // ring depth, 2..kMaxStages
+  std::int32_t x_row_bytes;      // 2k + kRowPad
   bool out_f32;
   // StreamGemvFusion (stream_gemv.h): epilogue residual add + per-CTA squares, prologue norm.
   std::uint16_t* residual;      // [rows][n] or nullptr
@@ -137,15 +148,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = i % p.stages;
       const int tile = tb + i / p.chunks, c = i % p.chunks;
       const int valid = min(kTileRows, p.n - tile * kTileRows);
-      const int kc = min(kChunkK, p.k - c * kChunkK);
+      const int kc = min(p.chunk_k, p.k - c * p.chunk_k);
       if (lane == 0) {
         mbar_wait(&empty[s], ((i / p.stages) & 1) ^ 1);  // released by the consumers
         mbar_arrive_expect_tx(&full[s], static_cast<std::uint32_t>(valid * kc * 2));
       }
       __syncwarp();
       if (lane < valid)
-        bulk_copy(ring + s * kStageBytes + lane * kStageRowBytes,
-                  p.w + static_cast<std::size_t>(tile * kTileRows + lane) * p.k + c * kChunkK,
+        bulk_copy(ring + s * p.stage_bytes + lane * p.stage_row_bytes,
+                  p.w + static_cast<std::size_t>(tile * kTileRows + lane) * p.k + c * p.chunk_k,
                   static_cast<std::uint32_t>(kc * 2), &full[s]);
     }
     if (items <= p.stages) {  // the loop never reached the wait
@@ -212,10 +223,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc0 = 0.f, acc1 = 0.f;  // D[x row g][W rows 2t, 2t + 1]
     for (int c = 0; c < p.chunks; ++c, ++i) {
       const int s = i % p.stages;
-      const int nch = min(kChunkK, p.k - c * kChunkK) / 8;  // 16-byte chunks of this stage's rows
+      const int nch = min(p.chunk_k, p.k - c * p.chunk_k) / 8;  // 16-byte chunks of the stage rows
       mbar_wait(&full[s], (i / p.stages) & 1);
-      const unsigned char* wrow = ring + s * kStageBytes + g * kStageRowBytes;
-      const unsigned char* xrow = xs + g * p.x_row_bytes + c * kChunkK * 2;
+      const unsigned char* wrow = ring + s * p.stage_bytes + g * p.stage_row_bytes;
+      const unsigned char* xrow = xs + g * p.x_row_bytes + c * p.chunk_k * 2;
       // Steps of 4 chunks (one per t) over the stage's k, dealt round robin to the 8 warps. The
       // same chunk index feeds A and B: k permuted alike, so each fragment is one 16-byte chunk.
       // The mma is warp-wide: lanes past the stage's last chunk multiply zeros instead.
@@ -272,9 +283,41 @@ std::int64_t fixed_and_x_bytes(std::int32_t rows, std::int32_t k) {
   return kFixedBytes + static_cast<std::int64_t>(rows) * (2LL * k + kRowPad);
 }
 
-std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+std::int64_t stage_bytes(std::int32_t chunk_k) {
+  return kTileRows * (2LL * chunk_k + kRowPad);
+}
+
+std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k,
+                         std::int32_t chunk_k) {
   const std::int64_t left = dev.max_smem - fixed_and_x_bytes(rows, k);
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(left / kStageBytes, 0, kMaxStages));
+  return static_cast<std::int32_t>(
+      std::clamp<std::int64_t>(left / stage_bytes(chunk_k), 0, kMaxStages));
+}
+
+// GRAPHDECODE_GEMV_CHUNK (1024, 2048 or 4096) when the process first asks, else kDefaultMaxChunkK.
+std::int32_t max_chunk_k() {
+  static const std::int32_t cap = [] {
+    const char* v = std::getenv("GRAPHDECODE_GEMV_CHUNK");
+    const long c = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+    for (const int known : kChunkKs)
+      if (c == known) return known;
+    return kDefaultMaxChunkK;
+  }();
+  return cap;
+}
+
+// The widest chunk <= max_chunk_k() that k needs (never wider than k rounded up to 1024) and that
+// leaves kMinStages stages; else the narrowest (whose stage count stream_gemv_supported checks).
+std::int32_t chunk_k_for(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  for (const int c : kChunkKs) {
+    if (c > max_chunk_k() || (c > 1024 && c / 2 >= k)) continue;
+    if (ring_stages(dev, rows, k, c) >= kMinStages) return c;
+  }
+  return kChunkKs[std::size(kChunkKs) - 1];
+}
+
+std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  return ring_stages(dev, rows, k, chunk_k_for(dev, rows, k));
 }
 
 }  // namespace
@@ -322,8 +365,11 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.k = a.k;
   p.n = a.n;
   p.tiles = (a.n + kTileRows - 1) / kTileRows;
-  p.chunks = (a.k + kChunkK - 1) / kChunkK;
-  p.stages = ring_stages(dev, a.rows, a.k);
+  p.chunk_k = chunk_k_for(dev, a.rows, a.k);
+  p.stage_row_bytes = 2 * p.chunk_k + kRowPad;
+  p.stage_bytes = kTileRows * p.stage_row_bytes;
+  p.chunks = (a.k + p.chunk_k - 1) / p.chunk_k;
+  p.stages = ring_stages(dev, a.rows, a.k, p.chunk_k);
   p.x_row_bytes = 2 * a.k + kRowPad;
   p.out_f32 = a.out_f32;
   p.residual = f.residual;
@@ -333,7 +379,7 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.parts = f.parts;
   p.eps = f.eps;
   const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
-                           static_cast<std::size_t>(p.stages) * kStageBytes;
+                           static_cast<std::size_t>(p.stages) * p.stage_bytes;
   const int grid = stream_gemv_grid(dev, a.n);
   launch_pdl(stream_gemv_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
              p);

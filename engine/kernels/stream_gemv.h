@@ -5,7 +5,7 @@
 // kernel loses to cuBLAS (n <= 3072 at k = 2048, and lm_head; bench/results/h100_bench_gemm.txt):
 // * bytes in flight without registers: a producer warp streams W through a ring of shared-memory
 //   stages with bulk copies (cp.async.bulk, one per W row of a stage, completion counted on an
-//   mbarrier), up to 8 stages of 8 W rows x 1024 k (16 KiB) per SM;
+//   mbarrier), up to 8 stages of 8 W rows x 1024, 2048 or 4096 k (16-64 KiB) per SM;
 // * 8 consumer warps take each stage's k range in slices: m16n8k16 mma on tensor cores, the W
 //   rows as the B fragment, x (staged once per CTA in shared memory) as A, rows zero-padded to 16;
 //   k permuted alike in A and B as in the skinny GEMM (each fragment one 16-byte chunk); rows of a

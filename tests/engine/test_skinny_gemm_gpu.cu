@@ -290,14 +290,17 @@ TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
 }
 
 // The stream GEMV against float64 (exact inputs: bit for bit) at the decode shapes and at edges:
-// a partial last tile (n % 8 != 0), a partial last stage (k % 1024 != 0), one short stage (k 64),
-// x at its largest (rows 8 x k 8192: fewer ring stages), lm_head's n; every element written.
+// a partial last tile (n % 8 != 0), a partial last stage (k 1000 in one 1024 stage, k 5000 in
+// 2048 stages), one short stage (k 64), x at its largest (rows 8 x k 8192: fewer ring stages, so
+// 1024-k stages where fewer rows take 2048), lm_head's n; every element written. Run once more
+// with GRAPHDECODE_GEMV_CHUNK=4096 and 1024 for the other stage widths.
 TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  std::vector<std::pair<int, int>> shapes{{64, 8}, {1000, 1001}, {2048, 1000}};  // {k, n}
+  std::vector<std::pair<int, int>> shapes{
+      {64, 8}, {1000, 1001}, {2048, 1000}, {5000, 72}};  // {k, n}
   if (!sanitize_mode()) shapes.insert(shapes.end(), {{2048, 3072}, {8192, 2048}, {2048, 128256}});
   for (const auto& [k, n] : shapes)
     for (bool exact : {false, true}) {
