@@ -25,14 +25,15 @@ constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 32 * (1 + kConsumerWarps);  // warp 0 produces, warps 1..8 consume
 constexpr int kConsumerThreads = 32 * kConsumerWarps;
 constexpr int kTileRows = 8;  // W rows per tile: the mma's n
-// k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs that k
-// needs and that leaves kMinStages stages beside x. Wider stages mean fewer barrier round trips
-// per byte for the consumers: at 2048 (whole 4 KiB rows at k = 2048) bench_gemm on the H200 had
-// the 1B down projection at 10.84 vs 12.02 us (1024), gate_up 18.74 vs 22.11, lm_head 128.3 vs
-// 152.3, qkv and o unchanged (bench/results/h200_stream_gemv_chunk_2026-11-27.txt).
-// GRAPHDECODE_GEMV_CHUNK=1024|2048|4096 caps it (A/B runs).
+// k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs up to the cap
+// that k needs and that leaves kMinStages stages beside x. Alone, wider stages stream faster
+// (bench_gemm, H200: 1B down 12.14 / 11.09 / 10.81 us at 1024 / 2048 / 4096, gate_up 22.35 ->
+// 19.39, lm_head 153.2 -> 131.5; 8B qkv 17.05 -> 14.48), but in a decode step the 1B step was
+// 6-8 us slower at 2048 than at 1024 (B = 1, L = 1024, twice; equal at B = 2-8), so the cap stays
+// at 1024 (bench/results/h200_stream_gemv_chunk_2026-11-27.txt).
+// GRAPHDECODE_GEMV_CHUNK=1024|2048|4096 sets the cap (A/B runs).
 constexpr int kChunkKs[] = {4096, 2048, 1024};
-constexpr int kDefaultMaxChunkK = 2048;
+constexpr int kDefaultMaxChunkK = 1024;
 constexpr int kMinStages = 3;
 constexpr int kRowPad = 16;    // bytes after each staged row: the 8 rows a warp reads hit
                                // different banks (a row is a multiple of 128 bytes otherwise)

@@ -251,7 +251,7 @@ class Engine:
 
     Build it from weights (``Weights.load(dir)``, ``Weights.synthetic(config, seed)``), or with
     ``Engine.from_checkpoint(dir)`` / ``Engine.synthetic("small" | "1b" | config)``. Options (all
-    keyword, defaults from the C++ EngineConfig): max_batch (32), max_step_tokens (512, the
+    keyword, defaults from the C++ EngineConfig): max_batch (32), max_step_tokens (2048, the
     prefill chunk budget), max_context (4096, prompt + generated tokens of one request),
     kv_pages / sliding_pages (0 = sized for max_batch requests of max_context), page_size (16),
     use_graphs (True: decode steps by CUDA-graph replay), pipeline (False: when True, step()

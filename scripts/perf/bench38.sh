@@ -25,8 +25,8 @@
 #   decode 8b    ~160 s  --reps 30: ~14 s per cell on the H200 (2026-11-27; at --reps 50 the 10
 #                        cells passed 180 s); 8B synthetic weights ~10 s on the host, 16 GB upload per cell;
 #                        B=128 L=4096 (69 GB of K/V) is skipped on an H100 by the fit check
-#   prefill 1b    ~20 s  chunks 512 and 8192, 6 cells each, >= 2 runs a cell
-#   prefill 8b    ~60 s  chunks 512 and 8192; 16 x 8k is ~2.4 PFLOP, ~5-10 s a run, 2 runs
+#   prefill 1b    ~30 s  chunks 512, 2048 (the default) and 8192, 6 cells each, >= 2 runs a cell
+#   prefill 8b    ~90 s  chunks 512, 2048 and 8192; 16 x 8k is ~2.4 PFLOP, ~5-10 s a run, 2 runs
 #   peer         rest    --budget-s = 560 - elapsed - 60 (a compile started just before the budget
 #                        runs over by up to ~60 s); torch.compile costs ~30-90 s per shape for the
 #                        first cell and again for the first recompile (B, L become dynamic), so the
@@ -79,8 +79,8 @@ fi
 # (steps of 5-30 ms: 30 keeps it in budget; bench_decode writes its JSON after every cell, so a cut
 # run keeps what it measured).
 ours() {
-  local shape=$1 reps=100 dlimit=90 plimit=60
-  [ "$shape" = 8b ] && reps=30 dlimit=240 plimit=120
+  local shape=$1 reps=100 dlimit=90 plimit=90
+  [ "$shape" = 8b ] && reps=30 dlimit=240 plimit=200
   if has decode; then
     part "decode $shape" "$dlimit" "$BUILD/bench/bench_decode" --shape "$shape" \
       --batches 1,8,32,64,128 --context 1024,4096 --reps "$reps" \
@@ -89,7 +89,7 @@ ours() {
   fi
   if has prefill; then
     part "prefill $shape" "$plimit" "$BUILD/bench/bench_prefill" --shape "$shape" \
-      --prompts 512,2048,8192 --requests 1,16 --step-tokens 512,8192 \
+      --prompts 512,2048,8192 --requests 1,16 --step-tokens 512,2048,8192 \
       --json "$WORK/${tag}_bench_prefill_$shape.json" > "$WORK/${tag}_bench_prefill_$shape.txt" 2>&1
     tail -14 "$WORK/${tag}_bench_prefill_$shape.txt"
   fi
