@@ -69,14 +69,14 @@
 namespace graphdecode {
 
 struct EngineConfig {
-  std::int32_t max_batch = 32;         // requests running at once (one step holds them all)
+  std::int32_t max_batch = 32;  // requests running at once (one step holds them all)
   // New tokens per prefill step (the chunked-prefill budget). 2048: on the H200 the 1B shape
   // prefills a 2048-token prompt at 51% of the bf16 peak in one step against 38% in four of 512,
   // and the 8B shape at 57% against 54%; larger budgets gain little more (bench_prefill,
   // bench/results/h200_prefill_chunks_2026-11-27.txt). The price: a prefill step of 2048 tokens
   // holds the running requests' next token for ~8 ms (1B) / ~53 ms (8B) instead of ~3 / ~14.
   std::int32_t max_step_tokens = 2048;
-  std::int32_t max_context = 4096;     // prompt + generated tokens of one request
+  std::int32_t max_context = 4096;  // prompt + generated tokens of one request
   std::int32_t kv_pages = 0;  // full-attention pool pages; 0: max_batch * (max_context + k drafts)
   std::int32_t sliding_pages = 0;  // sliding-window pool pages; 0: max_batch at the window
   // Cross-attention models: the longest encoder input of a request (required, >= 1) and the
