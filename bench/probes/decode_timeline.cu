@@ -76,6 +76,9 @@ std::string short_name(const std::string& mangled) {
   char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
   std::string n = status == 0 && d != nullptr ? d : mangled;
   std::free(d);
+  // "(anonymous namespace)" would be taken for the parameter list below (and left no name).
+  for (std::size_t at; (at = n.find("(anonymous namespace)")) != std::string::npos;)
+    n.replace(at, 21, "anon");
   const std::size_t paren = n.find('(');
   if (paren != std::string::npos) n.resize(paren);
   if (n.rfind("void ", 0) == 0) n.erase(0, 5);
