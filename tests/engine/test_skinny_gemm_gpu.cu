@@ -290,10 +290,11 @@ TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
 }
 
 // The stream GEMV against float64 (exact inputs: bit for bit) at the decode shapes and at edges:
-// a partial last tile (n % 8 != 0), a partial last stage (k 1000 in one 1024 stage, k 5000 in
-// 2048 stages), one short stage (k 64), x at its largest (rows 8 x k 8192: fewer ring stages, so
-// 1024-k stages where fewer rows take 2048), lm_head's n; every element written. Run once more
-// with GRAPHDECODE_GEMV_CHUNK=4096 and 1024 for the other stage widths.
+// a partial last tile (n % 8 != 0), a partial last stage (k 1000 in one 1024-wide stage, k 5000
+// in five), one short stage (k 64), x at its largest (rows 8 x k 8192: fewer ring stages; with a
+// wider cap those rows fall back to 1024-wide stages where fewer rows take 2048), lm_head's n;
+// every element written. The default stage cap is 1024: run once more with
+// GRAPHDECODE_GEMV_CHUNK=2048 and 4096 for the wider stages (k 5000 then takes 2048-wide ones).
 TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
