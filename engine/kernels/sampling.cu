@@ -1,6 +1,8 @@
 // Device sampling, host side: argument checks, the workspace query and the three passes
 // (sampling_kernels.cuh). See sampling.h for the contract.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "common/cuda_check.h"
@@ -58,6 +60,11 @@ Launch make_launch(const SamplingArgs& args) {
   const std::size_t esize = a.logits_type == LogitsType::kFloat32 ? 4 : 2;
   L.vec_ok = reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0 &&
              (static_cast<std::size_t>(a.row_stride) * esize) % 16 == 0;
+  static const bool scan_cand = [] {
+    const char* v = std::getenv("GRAPHDECODE_SAMPLING_SCAN_CAND");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  L.scan_cand = scan_cand;
   int dev = 0;
   GD_CUDA(cudaGetDevice(&dev));
   GD_CUDA(cudaDeviceGetAttribute(&L.sms, cudaDevAttrMultiProcessorCount, dev));

@@ -35,7 +35,10 @@
 // pass (one CTA per row at a time) finds the exact thresholds among the candidates, checks with
 // exact integers that the plan's range held them, and draws. A row whose candidates overflow the
 // list, or whose check fails, is decided exactly over its whole row by the resolve CTA (slow,
-// same result).
+// same result). Rows with top-k <= 64 at the large chunk skip the histogram and the filter: the
+// scan appends every logit at or above its CTA's bound of the k-th key (a superset of the top-k
+// set) to the candidate list, and resolve selects both thresholds exactly among them.
+// GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -61,6 +61,14 @@ constexpr int kResolveThreads = 512;
 // Filter CTAs resident per SM (<= 64 registers); the grid loops over (row, chunk) items, so rows
 // the filter skips (greedy, exact) cost a load each instead of a CTA launch each.
 constexpr int kFilterBlocksPerSm = 4;
+// Top-k <= kScanCandMaxTopK (with or without top-p) at the large chunk: the scan appends every
+// logit at or above its CTA's bound of the k-th key (~1.5-2.5% of a near-flat 8192-logit chunk at
+// k = 50-64: ~2-3k candidates of a 128k row) to the row's candidate list and builds no histogram;
+// the filter skips the row and resolve finds both thresholds exactly among the candidates. Larger
+// k loosens the bound (at k = 256 it is the smallest thread maximum: ~17% of a flat chunk, past
+// the list), and so do small chunks (8 logits a thread: ~5%, ~14k of a 256k row), so those rows
+// keep the histogram plan.
+constexpr int kScanCandMaxTopK = 64;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
 // slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
 // a score already reached cannot win and skips the two logarithms. The slack covers the ulp-level
@@ -76,7 +84,8 @@ constexpr double kApproxSlack = 1e-4;
 
 // ---- workspace
 // -----------------------------------------------------------------------------------
-enum RowMode : std::int32_t { kModeDone = 0, kModeFast = 1, kModeExact = 2 };
+// kModeCand: the scan wrote the candidates (scan_candidates); the filter skips the row.
+enum RowMode : std::int32_t { kModeDone = 0, kModeFast = 1, kModeExact = 2, kModeCand = 3 };
 
 // Per-row state. Counters (argmax .. cand_count) are zero between calls; the plan is written by
 // the scan's last CTA before the filter and resolve passes read it.
@@ -86,7 +95,7 @@ struct alignas(128) RowState {
   u64 s_mid;       // filter: exact mass of top-k-set tokens below the range; reset by resolve
   u64 best;        // filter: atomicMax of pack_max(score key, index); reset by resolve
   u32 ticket;      // scan: arrived CTAs; reset by the plan
-  u32 cand_count;  // filter: candidates appended; reset by resolve
+  u32 cand_count;  // filter (or scan, kModeCand): candidates appended; reset by resolve or plan
   // The plan.
   float top;            // max logit
   std::int32_t greedy;  // its index
@@ -140,6 +149,7 @@ struct Launch {
   std::int32_t cand_limit = 0;  // candidates allowed before the exact path (<= ws.cap)
   std::int32_t sms = 0;         // multiprocessors of the device
   bool vec_ok = false;          // rows are 16-byte aligned: vector loads
+  bool scan_cand = true;        // scan_candidates rows on (GRAPHDECODE_SAMPLING_SCAN_CAND=0: off)
 };
 
 // Checks args (graphdecode::Error naming the field) and lays out the launch (sampling.cu).
@@ -192,6 +202,10 @@ __device__ __forceinline__ bool has_plan(const RowParams& rp) {
 // nothing for it.
 __device__ __forceinline__ bool p_in_candidates(const RowParams& rp) {
   return rp.k_on && rp.p_on && rp.top_k <= kScanThreads;
+}
+// The scan writes the row's candidates itself (kScanCandMaxTopK): no histogram, no filter pass.
+__device__ __forceinline__ bool scan_candidates(const Launch& L, const RowParams& rp) {
+  return L.scan_cand && L.chunk == kLargeChunk && rp.k_on && rp.top_k <= kScanCandMaxTopK;
 }
 // The scan's approximate bucket masses are needed: top-p over more than a bounded top-k set.
 __device__ __forceinline__ bool needs_masses(const RowParams& rp) {

@@ -191,7 +191,47 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
   int token = greedy;
   // The plan's candidate count can undercount (the top-k histogram skips logits below its
   // bound), so the list's real length decides.
-  if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
+  if (mode == kModeCand && sh.n <= static_cast<u32>(L.cand_limit)) {
+    // The scan's list holds every logit of the top-k set (and more): both thresholds are exact
+    // selections over it, with nothing kept outside it.
+    const u64* cand = L.ws.cand(r);
+    for (int i = tid; i < n; i += kResolveThreads) cs[i] = cand[i];
+    __syncthreads();
+    auto key_at = [&](int i) { return static_cast<u32>(cs[i] >> 32); };
+    const u64 k = static_cast<u64>(rp.top_k);
+    const u32 thr_k = block_select<u32>(
+        n, key_at, [](int, u32) { return 1u; }, [&](u64) { return k; }, sh.hist32, sh);
+    u32 thr = thr_k;
+    if (rp.p_on) {
+      u64 z = 0;  // the top-k set's mass
+      for (int i = tid; i < n; i += kResolveThreads) {
+        const u32 key = key_at(i);
+        if (key >= thr_k) z += mass_of(key_to_float(key), top, rp.inv_t);
+      }
+      z = block_sum<kResolveThreads>(z, sh.red);
+      const u64 rem = top_p_target(rp.top_p, z);
+      thr = block_select<u64>(
+          n, key_at,
+          [&](int, u32 key) -> u64 {
+            return key >= thr_k ? mass_of(key_to_float(key), top, rp.inv_t) : 0ull;
+          },
+          [&](u64) { return rem; }, sh.hist64, sh);
+    }
+    if (tid == 0) sh.keep = thr;  // read after block_max's barriers
+    const std::uint64_t seed = a.seed[r], step = a.step[r];
+    ScoreMax m;
+    for (int i = tid; i < n; i += kResolveThreads) {
+      const u32 key = key_at(i);
+      if (key < thr) continue;
+      const u32 idx = static_cast<u32>(cs[i]);
+      const Philox4 rnd = sampling_random(seed, step, idx / 4);
+      offer(m, sh.table, key_to_float(key), top, rp.inv_t, rnd.v[idx % 4], idx);
+    }
+    const u64 best = block_max<kResolveThreads>(m.best, sh.red);
+    token = best != 0 ? static_cast<int>(packed_index(best)) : greedy;
+  } else if (mode == kModeCand) {
+    path = SamplingPath::kExactOverflow;
+  } else if (mode == kModeFast && sh.n <= static_cast<u32>(L.cand_limit)) {
     const u64* cand = L.ws.cand(r);
     for (int i = tid; i < n; i += kResolveThreads) cs[i] = cand[i];
     __syncthreads();

@@ -174,6 +174,26 @@ __device__ __noinline__ void make_plan(const Launch& L, int r, const RowParams& 
   }
 }
 
+// The plan of a scan_candidates row, by the row's last scan CTA (thread 0): the argmax, and the
+// mode from the candidate count (every CTA's appends are ordered before its ticket). A row that
+// is not sampled drops its candidates here, since resolve clears the count only for sampled rows.
+__device__ void make_candidate_plan(const Launch& L, int r, const RowParams& rp) {
+  RowState& st = L.ws.state(r);
+  const u64 am = __ldcg(&st.argmax);
+  const float top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
+  const u32 n = __ldcg(&st.cand_count);
+  const bool sample_it = samples(rp, am, top);
+  st.argmax = 0;
+  st.ticket = 0;
+  st.top = top;
+  st.greedy = am != 0 ? static_cast<int>(packed_index(am)) : 0;
+  st.mode = !sample_it ? kModeDone : n > static_cast<u32>(L.cand_limit) ? kModeExact : kModeCand;
+  if (!sample_it) st.cand_count = 0;
+  st.bk = -1;
+  st.lo = 0, st.hi = kBuckets - 1;  // resolve's range: every candidate
+  st.above_k = 0, st.below = 0;
+}
+
 template <typename T, int kU>
 __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     scan_kernel(const __grid_constant__ Launch L) {
@@ -185,6 +205,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   __shared__ ScanShared sh;
   const int tid = threadIdx.x;
   const RowParams rp = row_params(a, r);
+  const bool cand = scan_candidates(L, rp);  // candidates instead of a histogram
   const bool hist = has_plan(rp);
   const bool masses = needs_masses(rp);
   pdl_launch_dependents();  // launched plainly: the filter's CTAs may become resident now
@@ -196,7 +217,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
   auto index = [&](int j, int e) { return base + (j * kScanThreads + tid) * W + e; };
-  if (hist)  // cleared while the loads are in flight
+  if (hist && !cand)  // cleared while the loads are in flight
     for (int b = tid; b < kBuckets; b += kScanThreads) {
       sh.a[b] = 0;
       if (masses) sh.b[b] = 0;
@@ -242,7 +263,46 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     for (int w = 1; w < kScanThreads / 32; ++w) lim = sh.lim[w] < lim ? sh.lim[w] : lim;
   }
 
-  {
+  if (cand) {
+    // Every logit at or above lim: a superset of the row's top-k set (see above). One atomic per
+    // warp and vector that has any; the list's real length decides in the plan (overflow: exact).
+    // The few candidates' keys are read again (from L2) when written: the loaded logits can die
+    // after their bit masks (the bf16 variant spilled keeping them).
+    u64* list = L.ws.cand(r);
+    const int lane = tid & 31;
+    u32 masks[kU];
+#pragma unroll
+    for (int j = 0; j < kU; ++j) {
+      masks[j] = 0;
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (index(j, e) < vocab && key_of(v[j][e]) >= lim) masks[j] |= 1u << e;
+    }
+#pragma unroll 1  // unrolled, the compiler hoists the reloads and spills (ptxas, 2026-11-27)
+    for (int j = 0; j < kU; ++j) {
+      const u32 bits = masks[j];
+      if (!__any_sync(kFull, bits != 0)) continue;
+      const u32 n = __popc(bits);
+      u32 incl = n;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(kFull, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const u32 total = __shfl_sync(kFull, incl, 31);
+      u32 pos = 0;
+      if (lane == 31) pos = atomicAdd(&st.cand_count, total);
+      pos = __shfl_sync(kFull, pos, 31) + incl - n;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        if (!((bits >> e) & 1u)) continue;
+        const int i = index(j, e);
+        if (pos < static_cast<u32>(L.ws.cap))
+          list[pos] = (static_cast<u64>(key_of(to_float(row[i]))) << 32) | static_cast<u32>(i);
+        ++pos;
+      }
+    }
+  } else {
     RowHist& h = L.ws.hist(r);
     if (!masses) {
 #pragma unroll
@@ -296,7 +356,11 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   __syncthreads();
   if (!sh.last) return;
   __threadfence();
-  make_plan(L, r, rp, sh);
+  if (cand) {
+    if (tid == 0) make_candidate_plan(L, r, rp);
+  } else {
+    make_plan(L, r, rp, sh);
+  }
 }
 
 template <typename T, int kU>
