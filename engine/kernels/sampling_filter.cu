@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
@@ -106,8 +108,8 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
 
 // A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
 // reverse of the scan's order (the rows it read last are the likeliest in L2).
-template <typename T, int kU>
-__global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
+template <typename T, int kU, int kBlocks>
+__global__ void __launch_bounds__(kScanThreads, kBlocks)
     filter_kernel(const __grid_constant__ Launch L) {
   __shared__ FilterShared sh;
   fill_gumbel_table(sh.table);  // before the wait: overlaps the scan's tail
@@ -127,12 +129,28 @@ __global__ void __launch_bounds__(kScanThreads, kFilterBlocksPerSm)
   }
 }
 
+// CTAs per SM of a filter launch: kFilterBlocksPerSm at the large chunk, whose body needs ~80
+// registers; the small chunk's (<= 56 registers) keeps 4, one wave of items up to 8 rows.
+// GRAPHDECODE_SAMPLING_FILTER_BLOCKS=4 (read once) runs 4 everywhere, as before (A/B runs).
+bool filter_blocks_forced_4() {
+  static const bool forced = [] {
+    const char* v = std::getenv("GRAPHDECODE_SAMPLING_FILTER_BLOCKS");
+    return v != nullptr && std::strcmp(v, "4") == 0;
+  }();
+  return forced;
+}
+
 template <typename T, int kU>
 void launch(const Launch& L, cudaStream_t stream) {
+  constexpr bool kLarge = kU * VecOf<T>::kWidth * kScanThreads == kLargeChunk;
+  constexpr int kBlocks = kLarge ? kFilterBlocksPerSm : 4;
   const int items = L.chunks * L.a.max_rows;
-  launch_pdl(filter_kernel<T, kU>,
-             dim3(static_cast<unsigned>(std::min(items, kFilterBlocksPerSm * L.sms))),
-             dim3(kScanThreads), 0, stream, L);
+  const int per_sm = filter_blocks_forced_4() ? 4 : kBlocks;
+  const auto grid = dim3(static_cast<unsigned>(std::min(items, per_sm * L.sms)));
+  if (per_sm == 4)
+    launch_pdl(filter_kernel<T, kU, 4>, grid, dim3(kScanThreads), 0, stream, L);
+  else
+    launch_pdl(filter_kernel<T, kU, kFilterBlocksPerSm>, grid, dim3(kScanThreads), 0, stream, L);
 }
 
 }  // namespace

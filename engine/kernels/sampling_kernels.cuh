@@ -58,9 +58,11 @@ constexpr int kMaxCandidates = 16384;
 // The resolve CTA: 16 warps; the exact whole-row path walks a 128k row in 16 strides. One CTA per
 // SM at most (the candidate list takes 128 KB), looping over rows.
 constexpr int kResolveThreads = 512;
-// Filter CTAs resident per SM (<= 64 registers); the grid loops over (row, chunk) items, so rows
-// the filter skips (greedy, exact) cost a load each instead of a CTA launch each.
-constexpr int kFilterBlocksPerSm = 4;
+// Filter CTAs resident per SM (<= 80 registers); the grid loops over (row, chunk) items, so rows
+// the filter skips (greedy, exact) cost a load each instead of a CTA launch each. At 4 (<= 64
+// registers) the filter and its exact-score call spilled: ncu of temperature-only rows at B = 256
+// had 3.6M local-memory requests (bench/results/h200_ncu_sampling_2026-11-27.txt).
+constexpr int kFilterBlocksPerSm = 3;
 // Top-k <= kScanCandMaxTopK (with or without top-p) at the large chunk: the scan appends every
 // logit at or above its CTA's bound of the k-th key (~1.5-2.5% of a near-flat 8192-logit chunk at
 // k = 50-64: ~2-3k candidates of a 128k row) to the row's candidate list and builds no histogram;
