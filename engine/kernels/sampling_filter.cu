@@ -23,7 +23,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
                             const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
   const SamplingArgs& a = L.a;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
   const int vocab = a.vocab;
   const int base = c * L.chunk;
@@ -75,17 +75,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     // Append the candidates: one atomic per warp and vector. Most vectors of a row hold none (a
     // top-k set of 50 is ~0.04% of 128k logits), so one vote skips the warp's prefix scan.
     if (__any_sync(kFull, cand_bits != 0)) {
-      const u32 n = __popc(cand_bits);
-      u32 incl = n;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const u32 total = __shfl_sync(kFull, incl, 31);
-      u32 pos = 0;
-      if (lane == 31) pos = atomicAdd(&st.cand_count, total);
-      pos = __shfl_sync(kFull, pos, 31) + incl - n;
+      u32 pos = warp_reserve(&st.cand_count, __popc(cand_bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (!((cand_bits >> e) & 1u)) continue;

@@ -360,6 +360,22 @@ __device__ __forceinline__ void warp_add(W* hist, u32 bin, W w) {
   }
 }
 
+// Reserves `n` (this lane's count) consecutive slots of a list whose length is *count, with one
+// atomic per warp (an inclusive scan of the lanes' counts); returns this lane's first slot.
+__device__ __forceinline__ u32 warp_reserve(u32* count, u32 n) {
+  const int lane = threadIdx.x & 31;
+  u32 incl = n;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u32 y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  const u32 total = __shfl_sync(kFull, incl, 31);
+  u32 pos = 0;
+  if (lane == 31) pos = atomicAdd(count, total);
+  return __shfl_sync(kFull, pos, 31) + incl - n;
+}
+
 // a[bin] += wa and b[bin] += wb (u32), aggregated like warp_add.
 __device__ __forceinline__ void warp_add2(u32* a, u32* b, u32 bin, u32 wa, u32 wb) {
   const unsigned live = __ballot_sync(kFull, wa != 0);

@@ -269,7 +269,6 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     // The few candidates' keys are read again (from L2) when written: the loaded logits can die
     // after their bit masks (the bf16 variant spilled keeping them).
     u64* list = L.ws.cand(r);
-    const int lane = tid & 31;
     u32 masks[kU];
 #pragma unroll
     for (int j = 0; j < kU; ++j) {
@@ -282,17 +281,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     for (int j = 0; j < kU; ++j) {
       const u32 bits = masks[j];
       if (!__any_sync(kFull, bits != 0)) continue;
-      const u32 n = __popc(bits);
-      u32 incl = n;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const u32 total = __shfl_sync(kFull, incl, 31);
-      u32 pos = 0;
-      if (lane == 31) pos = atomicAdd(&st.cand_count, total);
-      pos = __shfl_sync(kFull, pos, 31) + incl - n;
+      u32 pos = warp_reserve(&st.cand_count, __popc(bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (!((bits >> e) & 1u)) continue;
