@@ -85,7 +85,7 @@ ours() {
     part "decode $shape" "$dlimit" "$BUILD/bench/bench_decode" --shape "$shape" \
       --batches 1,8,32,64,128 --context 1024,4096 --reps "$reps" \
       --json "$WORK/${tag}_bench_decode_$shape.json" > "$WORK/${tag}_bench_decode_$shape.txt" 2>&1
-    tail -14 "$WORK/${tag}_bench_decode_$shape.txt"
+    grep -v "^rounds " "$WORK/${tag}_bench_decode_$shape.txt" | tail -14
   fi
   if has prefill; then
     part "prefill $shape" "$plimit" "$BUILD/bench/bench_prefill" --shape "$shape" \
