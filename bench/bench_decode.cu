@@ -130,7 +130,6 @@ void time_sampling(DecodeRig& rig, std::int32_t vocab, int reps, Timer& t, cudaS
     return StepTimes{std::min(a.device_us, b.device_us), std::min(a.host_us, b.host_us)};
   };
   const StepTimes greedy1 = run(SamplingParams{}, greedy);
-  r.greedy = greedy1;
   // Every step of the rig rewrites the same position from the same inputs: these are the logits
   // both the greedy and the sampled rows saw.
   GD_CUDA(cudaMemcpyAsync(logits.data(), rig.model->logits(), logits.size() * sizeof(float),
