@@ -4,10 +4,14 @@
 // is the timeline it would draw.
 //
 //   probe_decode_timeline [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush]
+//                         [--step forward|greedy|sampled]
 //
 // The rig of bench_decode (bench/decode_rig.cuh: synthetic seeded weights, B requests at KV extent
 // L + 1, the forward's graph for bucket B), warmed up, then N replays each after an L2 flush,
-// traced. Per kernel of the step (graph order = start order), medians over the replays:
+// traced. --step greedy / sampled trace the engine's step instead (the forward, sampling and the
+// token publish, as bench_decode's `greedy us` / `sampled us`: every row greedy, or every row at
+// temperature 0.8, top-k 50, top-p 0.95). Per kernel of the step (graph order = start order),
+// medians over the replays:
 //   dur    end - start (a PDL kernel starts early and waits inside: dur counts its wait),
 //   adds   end - max(start, latest end before it): what it adds to the step's span,
 //   gap    start - latest end before it when positive (idle device between kernels).
@@ -100,6 +104,7 @@ int run(int argc, char** argv) {
   std::int32_t b = 1, l = 1024;
   int reps = 20;
   bool flush = true;
+  std::string step = "forward";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--shape" && i + 1 < argc) {
@@ -116,9 +121,15 @@ int run(int argc, char** argv) {
       GD_REQUIRE(reps >= 3, "--reps", reps, "must be >= 3");
     } else if (a == "--no-flush") {
       flush = false;
+    } else if (a == "--step" && i + 1 < argc) {
+      step = argv[++i];
+      GD_REQUIRE(step == "forward" || step == "greedy" || step == "sampled", "--step", step,
+                 "expected forward, greedy or sampled");
     } else {
-      std::printf("usage: %s [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush]\n",
-                  argv[0]);
+      std::printf(
+          "usage: %s [--shape 1b|8b] [--batch B] [--context L] [--reps N] [--no-flush] "
+          "[--step forward|greedy|sampled]\n",
+          argv[0]);
       return a == "--help" ? 0 : 2;
     }
   }
@@ -127,11 +138,15 @@ int run(int argc, char** argv) {
   const ModelConfig config = bench_model_config(shape, false);
   const HostWeights weights = synthetic_weights(config, 1234);
   Stream s;
-  DecodeRig rig(weights, decode_only_options(b, l, 16), b, l, {}, 0, 1234, s.get());
+  const bool engine_step = step != "forward";
+  DecodeRig rig(weights, decode_only_options(b, l, 16), b, l, {}, 0, 1234, s.get(),
+                engine_step ? RigSteps::kWithSampling : RigSteps::kForward);
+  if (step == "sampled") rig.set_sampling(SamplingParams{0.8f, 50, 0.95f, 1234});
+  StepGraphs& graphs = engine_step ? *rig.sampling_graphs : *rig.graphs;
   Timer t(reps, flush, static_cast<std::size_t>(dev.l2CacheSize), s.get());
   const StepDesc d = rig.desc();
   for (int i = 0; i < 10; ++i)
-    GD_REQUIRE(rig.graphs->step(d, s.get()) == StepPath::kGraph, "path", "eager",
+    GD_REQUIRE(graphs.step(d, s.get()) == StepPath::kGraph, "path", "eager",
                "the step did not replay its graph");
   GD_CUDA(cudaStreamSynchronize(s.get()));
 
@@ -143,7 +158,7 @@ int run(int argc, char** argv) {
   for (int i = 0; i < reps; ++i) {
     t.flush_now(s.get());
     GD_CUDA(cudaStreamSynchronize(s.get()));  // the step alone on the device
-    rig.graphs->step(d, s.get());
+    graphs.step(d, s.get());
     GD_CUDA(cudaStreamSynchronize(s.get()));
   }
   GD_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
@@ -190,8 +205,8 @@ int run(int argc, char** argv) {
     span.push_back(1e-3 * static_cast<double>(latest - st.front().start));
   }
 
-  std::printf("device: %s; shape %s, B %d, L %d, %d traced replays, L2 flush %s\n", dev.name,
-              shape.c_str(), b, l, reps, flush ? "on" : "off");
+  std::printf("device: %s; shape %s, B %d, L %d, step %s, %d traced replays, L2 flush %s\n",
+              dev.name, shape.c_str(), b, l, step.c_str(), reps, flush ? "on" : "off");
   std::printf("\n%4s  %-48s %9s %9s %9s\n", "#", "kernel", "dur us", "adds us", "gap us");
   struct Sum {
     int count = 0;
