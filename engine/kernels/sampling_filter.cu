@@ -17,8 +17,10 @@ struct FilterShared {
   u64 red[kScanThreads / 32];
 };
 
-// One (row, chunk) item of a sampled row in fast mode.
-template <typename T, int kU>
+// One (row, chunk) item of a sampled row in fast mode. kAllKept: a row without a plan (temperature
+// only) and without row stats: every token is kept and nothing is summed, so the per-token work
+// is the range test and the Gumbel-max alone.
+template <typename T, int kU, bool kAllKept>
 __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
                             const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
@@ -40,41 +42,43 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   // The sure-kept tokens' exact mass: top-p's total needs it, and so does the row's Z when the
   // caller asks for row stats (then every row sums it).
   const bool sum_hi = rp.p_on || a.row_stats != nullptr;
-  ScoreMax m;
-  m.floor = packed_key(__ldcg(&st.best));  // a score other CTAs of the row already reached
+  ScoreMax m = score_max(sh.table, packed_key(__ldcg(&st.best)));  // other CTAs' best score
+  // The top token is kept in every row: its score (x = 0, its noise alone) is reached, a floor
+  // from the start for the CTAs that find no score of the row yet.
+  if (m.floor == 0)
+    m.raise(key_of(score_of(top, top, rp.inv_t, token_word(seed, step, plan.greedy))));
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
-    u32 score_bits = 0, cand_bits = 0;
+    u32 score_bits = 0, cand_bits = 0;  // tokens to offer; tokens to append
+    if constexpr (kAllKept) {
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      if (i0 + e >= vocab) continue;
-      const float x = scaled_logit(v[j][e], top, rp.inv_t);
-      const int d = static_cast<int>(bucket_of(key_of(v[j][e])));
-      if (d > hi) {  // kept for sure
-        if (sum_hi) s_hi += mass_of_x(x);
-        if (x >= -kGumbelSpan) score_bits |= 1u << e;
-      } else if (d >= lo || d == bk) {
-        cand_bits |= 1u << e;
-      } else if (rp.p_on && d > bk) {  // in the top-k set, below the range: counts for Z
-        s_mid += mass_of_x(x);
+      for (int e = 0; e < W; ++e)
+        if (i0 + e < vocab) score_bits |= 1u << e;
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        if (i0 + e >= vocab) continue;
+        const int d = static_cast<int>(bucket_of(key_of(v[j][e])));
+        if (d > hi) {  // kept for sure
+          if (sum_hi) s_hi += mass_of(v[j][e], top, rp.inv_t);
+          score_bits |= 1u << e;
+        } else if (d >= lo || d == bk) {
+          cand_bits |= 1u << e;
+        } else if (rp.p_on && d > bk) {  // in the top-k set, below the range: counts for Z
+          s_mid += mass_of(v[j][e], top, rp.inv_t);
+        }
       }
     }
     // Gumbel-max over the sure-kept tokens; one Philox call per group of 4 that needs it.
 #pragma unroll
-    for (int g = 0; g < W / 4; ++g) {
-      if (((score_bits >> (4 * g)) & 0xfu) == 0) continue;
-      const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(i0 / 4 + g));
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if ((score_bits >> (4 * g + e)) & 1u)
-          offer(m, sh.table, v[j][4 * g + e], top, rp.inv_t, rnd.v[e],
-                static_cast<u32>(i0 + 4 * g + e));
-    }
-    m.floor = __reduce_max_sync(kFull, m.floor);  // the warp's best score bounds every lane
+    for (int g = 0; g < W / 4; ++g)
+      offer_group(m, sh.table, &v[j][4 * g], (score_bits >> (4 * g)) & 0xfu, top, rp.inv_t, seed,
+                  step, static_cast<u32>(i0 + 4 * g));
+    m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best score bounds every lane
     // Append the candidates: one atomic per warp and vector. Most vectors of a row hold none (a
     // top-k set of 50 is ~0.04% of 128k logits), so one vote skips the warp's prefix scan.
-    if (__any_sync(kFull, cand_bits != 0)) {
+    if (!kAllKept && __any_sync(kFull, cand_bits != 0)) {
       u32 pos = warp_reserve(&st.cand_count, __popc(cand_bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
@@ -86,8 +90,10 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     }
   }
   // One atomic per CTA and quantity.
-  s_hi = block_sum<kScanThreads>(s_hi, red);
-  s_mid = block_sum<kScanThreads>(s_mid, red);
+  if constexpr (!kAllKept) {
+    s_hi = block_sum<kScanThreads>(s_hi, red);
+    s_mid = block_sum<kScanThreads>(s_mid, red);
+  }
   const u64 best = block_max<kScanThreads>(m.best, red);
   if (tid == 0) {
     if (s_hi != 0) atomicAdd(&st.s_hi, s_hi);
@@ -115,7 +121,10 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     const RowParams rp = row_params(L.a, r);
     const RowPlan plan = row_plan(L.ws, r, rp);
     if (plan.mode != kModeFast) continue;  // uniform over the CTA
-    filter_item<T, kU>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
+    if (!has_plan(rp) && L.a.row_stats == nullptr)
+      filter_item<T, kU, true>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
+    else
+      filter_item<T, kU, false>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
   }
 }
 

@@ -289,11 +289,28 @@ __device__ __forceinline__ void fill_gumbel_table(float* table) {
 
 // The running Gumbel-max of a thread: `best` = pack_max(score key, index) of its best exact score;
 // `floor` = the key of a score some token of the row reached (its own, or shared by its warp or
-// the row); 0 = none.
+// the row); 0 = none. The skip test compares in floats: `floor_value` = key_to_float(floor), NaN
+// for none (every comparison with it is false: nothing is skipped); key_of is monotone, so
+// b < floor_value iff key_of(b) < floor for the finite bounds offered. `bound1` = table[1], the
+// bound of every word whose top byte is not 0 (see offer).
 struct ScoreMax {
   u64 best = 0;
   u32 floor = 0;
+  float floor_value = 0.f;
+  float bound1 = 0.f;
+
+  __device__ void raise(u32 key) {
+    if (key > floor) floor = key, floor_value = key_to_float(key);
+  }
 };
+
+__device__ __forceinline__ ScoreMax score_max(const float* table, u32 floor) {
+  ScoreMax m;
+  m.floor = floor;
+  m.floor_value = key_to_float(floor);  // NaN for 0
+  m.bound1 = table[1];
+  return m;
+}
 
 // pack_max(score key, i) of token i's exact score, 0 for NaN. Not inlined: the bound test lets
 // few tokens get here, and one copy of the two logarithms instead of one per unrolled element
@@ -304,19 +321,65 @@ static __device__ __noinline__ u64 exact_score(float v, float top, float inv_t, 
   return s == s ? pack_max(key_of(s), i) : 0ull;
 }
 
+// The bound tests of token i (scaled logit x, random word `word`) and, when they pass, its exact
+// score offered to the running max. A word whose top byte is not 0 (255 in 256) has noise <=
+// table[1]: the table values fall by > 0.1 per step, far beyond the ulp wiggles the slack covers,
+// and float addition is monotone, so x + table[1] < floor implies x + table[t] < floor. That test
+// skips most tokens of a near-flat row without the table's random shared-memory reads (ncu: 2.9-way
+// bank conflicts).
+__device__ __forceinline__ bool below_floor_cheap(const ScoreMax& m, float x, u32 word) {
+  return word >= (1u << 24) && x + m.bound1 < m.floor_value;
+}
+__device__ __forceinline__ void offer_bounded(ScoreMax& m, const float* table, float v, float x,
+                                              float top, float inv_t, u32 word, u32 i) {
+  if (x + table[word >> 24] < m.floor_value) return;
+  const u64 pk = exact_score(v, top, inv_t, word, i);
+  if (pk == 0) return;
+  m.best = pk > m.best ? pk : m.best;
+  m.raise(packed_key(pk));
+}
+
 // Offers token i (logit v, random word `word`) to the running max: skipped when it cannot reach
 // the top token (x < -kGumbelSpan) or when its bound is strictly below `floor`; else scored
 // exactly. Never changes the argmax, only how many scores are computed.
 __device__ __forceinline__ void offer(ScoreMax& m, const float* table, float v, float top,
                                       float inv_t, u32 word, u32 i) {
   const float x = scaled_logit(v, top, inv_t);
-  if (!(x >= -kGumbelSpan)) return;
-  if (key_of(x + table[word >> 24]) < m.floor) return;
-  const u64 pk = exact_score(v, top, inv_t, word, i);
-  if (pk == 0) return;
-  const u32 k = packed_key(pk);
-  m.best = pk > m.best ? pk : m.best;
-  m.floor = k > m.floor ? k : m.floor;
+  if (!(x >= -kGumbelSpan) || below_floor_cheap(m, x, word)) return;
+  offer_bounded(m, table, v, x, top, inv_t, word, i);
+}
+
+// offer() for the Philox group of tokens i0 .. i0 + 3 (i0 a multiple of 4), those with bit e of
+// `live` set: the group's words only when a token is within kGumbelSpan of the top, and the cheap
+// bound of all four before any branch (the streaming loop's common case: nothing passes).
+__device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, const float* v,
+                                            u32 live, float top, float inv_t, std::uint64_t seed,
+                                            std::uint64_t step, u32 i0) {
+  float x[4];
+  u32 near = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = scaled_logit(v[e], top, inv_t);
+    if (((live >> e) & 1u) && x[e] >= -kGumbelSpan) near |= 1u << e;
+  }
+  if (near == 0) return;
+  const Philox4 rnd = sampling_random(seed, step, i0 / 4);
+  u32 pass = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e])) pass |= 1u << e;
+  if (pass == 0) return;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
+}
+
+// The random word of token i for a request's (seed, step) (a select, not an indexed read of the
+// Philox result: that would go through local memory).
+__device__ __forceinline__ u32 token_word(std::uint64_t seed, std::uint64_t step, u32 i) {
+  const Philox4 r = sampling_random(seed, step, i / 4);
+  const u32 e = i % 4;
+  return e == 0 ? r.v[0] : e == 1 ? r.v[1] : e == 2 ? r.v[2] : r.v[3];
 }
 
 // ---- warp primitives (called by all 32 lanes) --------------------------------------------------

@@ -115,7 +115,7 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
         [&](u64 total) { return top_p_target(rp.top_p, total); }, sh.hist64, sh);
   }
   const std::uint64_t seed = a.seed[r], step = a.step[r];
-  ScoreMax m;
+  ScoreMax m = score_max(sh.table, 0);
   for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
     float v[4];
     bool any = false;
@@ -219,7 +219,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     }
     if (tid == 0) sh.keep = thr;  // read after block_max's barriers
     const std::uint64_t seed = a.seed[r], step = a.step[r];
-    ScoreMax m;
+    ScoreMax m = score_max(sh.table, 0);
     for (int i = tid; i < n; i += kResolveThreads) {
       const u32 key = key_at(i);
       if (key < thr) continue;
@@ -279,8 +279,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     if (ok) {
       if (tid == 0) sh.keep = thr;  // read after block_max's barriers
       const std::uint64_t seed = a.seed[r], step = a.step[r];
-      ScoreMax m;
-      m.floor = packed_key(sh.best);  // the sure-kept tokens' best score
+      ScoreMax m = score_max(sh.table, packed_key(sh.best));  // the sure-kept tokens' best score
       for (int i = tid; i < n; i += kResolveThreads) {
         const u32 key = key_at(i);
         if (key < thr || !in_range(key)) continue;
