@@ -65,6 +65,11 @@ Launch make_launch(const SamplingArgs& args) {
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   L.scan_cand = scan_cand;
+  static const bool p_draw = [] {
+    const char* v = std::getenv("GRAPHDECODE_SAMPLING_P_DRAW");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  L.p_draw = p_draw;
   int dev = 0;
   GD_CUDA(cudaGetDevice(&dev));
   GD_CUDA(cudaDeviceGetAttribute(&L.sms, cudaDevAttrMultiProcessorCount, dev));

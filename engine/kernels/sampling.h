@@ -38,7 +38,13 @@
 // same result). Rows with top-k <= 64 at the large chunk skip the histogram and the filter: the
 // scan appends every logit at or above its CTA's bound of the k-th key (a superset of the top-k
 // set) to the candidate list, and resolve selects both thresholds exactly among them.
-// GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs).
+// GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs). Rows with top-p >= 0.8 and no top-k
+// (without row_stats) skip the histogram too: the filter sums the row's exact mass and lists
+// every token whose score reaches the top token's (which is always kept, so the kept set's
+// best-scored token is among them); resolve sums, for the 8 best-scored, the exact mass of
+// strictly larger logits in one pass over the row and draws the first one top-p keeps: the same
+// token, by the definition above. If none of the 8 is kept, the exact path decides.
+// GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off (A/B runs).
 #pragma once
 
 #include <cuda_runtime.h>

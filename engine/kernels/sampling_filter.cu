@@ -17,13 +17,18 @@ struct FilterShared {
   u64 red[kScanThreads / 32];
 };
 
-// One (row, chunk) item of a sampled row in fast mode. kAllKept: a row without a plan (temperature
-// only) and without row stats: every token is kept and nothing is summed, so the per-token work
-// is the range test and the Gumbel-max alone.
-template <typename T, int kU, bool kAllKept>
+// What a (row, chunk) item does (one instance of filter_item each):
+//   kPlanned  a row with a plan: sure-kept tokens scored, boundary tokens listed, top-p masses;
+//   kAllKept  no plan (temperature only), no row stats: every token is kept, nothing is summed;
+//   kDraw     a draw row (kDrawMinTopP): every token's exact mass into s_hi (Z), and every token
+//             whose score reaches the top token's listed as a candidate.
+enum class Item { kPlanned, kAllKept, kDraw };
+
+template <typename T, int kU, Item kItem>
 __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
                             const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
+  constexpr bool kPlanned = kItem == Item::kPlanned, kDraw = kItem == Item::kDraw;
   const SamplingArgs& a = L.a;
   const int tid = threadIdx.x;
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
@@ -42,43 +47,67 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   // The sure-kept tokens' exact mass: top-p's total needs it, and so does the row's Z when the
   // caller asks for row stats (then every row sums it).
   const bool sum_hi = rp.p_on || a.row_stats != nullptr;
-  ScoreMax m = score_max(sh.table, packed_key(__ldcg(&st.best)));  // other CTAs' best score
-  // The top token is kept in every row: its score (x = 0, its noise alone) is reached, a floor
-  // from the start for the CTAs that find no score of the row yet.
-  if (m.floor == 0)
+  // The top token is kept in every row, so its score (x = 0: its noise alone) is one the kept set
+  // reaches: a floor from the start for the CTAs that find no score of the row yet (temperature-
+  // only rows: 122 -> 93 us at B = 128 with the cheap bound, call t28), and a draw row's fixed
+  // floor (other scores may belong to tokens top-p drops). Rows with a plan start from the row's
+  // best instead: their filter is light (most tokens lie below the range or kGumbelSpan), and the
+  // extra Philox call cost them ~2% (t28).
+  ScoreMax m = score_max(sh.table, kPlanned ? packed_key(__ldcg(&st.best)) : 0u);
+  if constexpr (!kPlanned)
     m.raise(key_of(score_of(top, top, rp.inv_t, token_word(seed, step, plan.greedy))));
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
     u32 score_bits = 0, cand_bits = 0;  // tokens to offer; tokens to append
-    if constexpr (kAllKept) {
+    if constexpr (!kPlanned) {
 #pragma unroll
-      for (int e = 0; e < W; ++e)
-        if (i0 + e < vocab) score_bits |= 1u << e;
+      for (int e = 0; e < W; ++e) {
+        if (i0 + e >= vocab) continue;
+        score_bits |= 1u << e;
+      }
+#pragma unroll
+      for (int g = 0; g < W / 4; ++g) {
+        const u32 live = (score_bits >> (4 * g)) & 0xfu;
+        const u32 i = static_cast<u32>(i0 + 4 * g);
+        if constexpr (kDraw)
+          cand_bits |=
+              collect_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i, s_hi)
+              << (4 * g);
+        else
+          offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (i0 + e >= vocab) continue;
+        const float x = scaled_logit(v[j][e], top, rp.inv_t);
         const int d = static_cast<int>(bucket_of(key_of(v[j][e])));
         if (d > hi) {  // kept for sure
-          if (sum_hi) s_hi += mass_of(v[j][e], top, rp.inv_t);
-          score_bits |= 1u << e;
+          if (sum_hi) s_hi += mass_of_x(x);
+          if (x >= -kGumbelSpan) score_bits |= 1u << e;
         } else if (d >= lo || d == bk) {
           cand_bits |= 1u << e;
         } else if (rp.p_on && d > bk) {  // in the top-k set, below the range: counts for Z
-          s_mid += mass_of(v[j][e], top, rp.inv_t);
+          s_mid += mass_of_x(x);
         }
       }
-    }
-    // Gumbel-max over the sure-kept tokens; one Philox call per group of 4 that needs it.
+      // Gumbel-max over the sure-kept tokens; one Philox call per group of 4 that needs it.
 #pragma unroll
-    for (int g = 0; g < W / 4; ++g)
-      offer_group(m, sh.table, &v[j][4 * g], (score_bits >> (4 * g)) & 0xfu, top, rp.inv_t, seed,
-                  step, static_cast<u32>(i0 + 4 * g));
-    m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best score bounds every lane
+      for (int g = 0; g < W / 4; ++g) {
+        if (((score_bits >> (4 * g)) & 0xfu) == 0) continue;
+        const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(i0 / 4 + g));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if ((score_bits >> (4 * g + e)) & 1u)
+            offer(m, sh.table, v[j][4 * g + e], top, rp.inv_t, rnd.v[e],
+                  static_cast<u32>(i0 + 4 * g + e));
+      }
+    }
+    if (!kDraw) m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best bounds every lane
     // Append the candidates: one atomic per warp and vector. Most vectors of a row hold none (a
     // top-k set of 50 is ~0.04% of 128k logits), so one vote skips the warp's prefix scan.
-    if (!kAllKept && __any_sync(kFull, cand_bits != 0)) {
+    if (kItem != Item::kAllKept && __any_sync(kFull, cand_bits != 0)) {
       u32 pos = warp_reserve(&st.cand_count, __popc(cand_bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
@@ -90,10 +119,8 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     }
   }
   // One atomic per CTA and quantity.
-  if constexpr (!kAllKept) {
-    s_hi = block_sum<kScanThreads>(s_hi, red);
-    s_mid = block_sum<kScanThreads>(s_mid, red);
-  }
+  if constexpr (kItem != Item::kAllKept) s_hi = block_sum<kScanThreads>(s_hi, red);
+  if constexpr (kPlanned) s_mid = block_sum<kScanThreads>(s_mid, red);
   const u64 best = block_max<kScanThreads>(m.best, red);
   if (tid == 0) {
     if (s_hi != 0) atomicAdd(&st.s_hi, s_hi);
@@ -118,13 +145,17 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     const int lin = items - 1 - item;
     const int r = lin / L.chunks;
     if (r >= live) continue;
-    const RowParams rp = row_params(L.a, r);
+    const RowParams rp = row_params(L, r);
     const RowPlan plan = row_plan(L.ws, r, rp);
-    if (plan.mode != kModeFast) continue;  // uniform over the CTA
-    if (!has_plan(rp) && L.a.row_stats == nullptr)
-      filter_item<T, kU, true>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
+    const int c = lin - r * L.chunks;
+    if (plan.mode == kModeDraw)  // uniform over the CTA
+      filter_item<T, kU, Item::kDraw>(L, r, c, rp, plan, sh, sh.red);
+    else if (plan.mode != kModeFast)
+      continue;
+    else if (!has_plan(rp) && L.a.row_stats == nullptr)
+      filter_item<T, kU, Item::kAllKept>(L, r, c, rp, plan, sh, sh.red);
     else
-      filter_item<T, kU, false>(L, r, lin - r * L.chunks, rp, plan, sh, sh.red);
+      filter_item<T, kU, Item::kPlanned>(L, r, c, rp, plan, sh, sh.red);
   }
 }
 

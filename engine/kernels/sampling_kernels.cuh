@@ -9,6 +9,8 @@
 //           global histogram. The row's last CTA (arrival ticket) writes the plan: the top-k
 //           bucket and the top-p bucket range [lo, hi] (top-p with top-k <= 256: [top-k bucket,
 //           top bucket], the whole top-k set; p_in_candidates).
+//           Draw rows (top-p >= kDrawMinTopP alone) have no histogram either: their plan follows
+//           from the argmax.
 //   filter  (sampling_filter.cu)  a persistent grid over the (row, chunk) items, rows in reverse
 //           order (the rows the scan read last are still in L2): tokens in buckets above hi are
 //           kept for sure: scored,
@@ -20,6 +22,8 @@
 //           candidate score, the token (every live row's, greedy ones too). Otherwise (overflow,
 //           failed check) the exact whole-row algorithm. With SamplingArgs::row_stats, each row's
 //           kept set and exact Z (the filter then sums the sure-kept mass of every row).
+//   Draw rows: the filter sums every token's exact mass and lists the tokens whose score reaches
+//           the top token's; resolve picks among them (kDrawMinTopP).
 // Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
 // resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
 // resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before
@@ -71,6 +75,17 @@ constexpr int kFilterBlocksPerSm = 3;
 // the list), and so do small chunks (8 logits a thread: ~5%, ~14k of a 256k row), so those rows
 // keep the histogram plan.
 constexpr int kScanCandMaxTopK = 64;
+// Top-p without top-k, p >= kDrawMinTopP, no row stats ("draw" rows): no histogram and no plan.
+// The filter sums the row's exact mass Z and lists every token whose Gumbel score reaches the top
+// token's (the top token is always kept, so the kept set's best score is among them: ~Z e^-G of a
+// near-flat row, ~600 at T 0.8 over 128k); resolve takes the kDrawPicks best scores, sums for each
+// the exact mass of strictly larger logits in one pass over the row, and draws the first one
+// top-p keeps (the kept set's argmax: the same token as the plan's). Each pick is kept with
+// probability about p or more, so all kDrawPicks are rejected with probability about
+// (1 - p)^kDrawPicks (1e-6 at p = 0.8): the whole-row exact path then decides. Below 0.8 the
+// histogram plan stays (p = 1e-6 keeps one token: the picks would miss it).
+constexpr float kDrawMinTopP = 0.8f;
+constexpr int kDrawPicks = 8;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
 // slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
 // a score already reached cannot win and skips the two logarithms. The slack covers the ulp-level
@@ -87,7 +102,14 @@ constexpr double kApproxSlack = 1e-4;
 // ---- workspace
 // -----------------------------------------------------------------------------------
 // kModeCand: the scan wrote the candidates (scan_candidates); the filter skips the row.
-enum RowMode : std::int32_t { kModeDone = 0, kModeFast = 1, kModeExact = 2, kModeCand = 3 };
+// kModeDraw: a draw row (kDrawMinTopP): the filter lists the candidates and sums Z.
+enum RowMode : std::int32_t {
+  kModeDone = 0,
+  kModeFast = 1,
+  kModeExact = 2,
+  kModeCand = 3,
+  kModeDraw = 4
+};
 
 // Per-row state. Counters (argmax .. cand_count) are zero between calls; the plan is written by
 // the scan's last CTA before the filter and resolve passes read it.
@@ -152,6 +174,7 @@ struct Launch {
   std::int32_t sms = 0;         // multiprocessors of the device
   bool vec_ok = false;          // rows are 16-byte aligned: vector loads
   bool scan_cand = true;        // scan_candidates rows on (GRAPHDECODE_SAMPLING_SCAN_CAND=0: off)
+  bool p_draw = true;           // draw rows on (GRAPHDECODE_SAMPLING_P_DRAW=0: off)
 };
 
 // Checks args (graphdecode::Error naming the field) and lays out the launch (sampling.cu).
@@ -166,9 +189,11 @@ struct RowParams {
   float top_p;
   std::int32_t top_k;
   bool sampled, k_on, p_on;
+  bool draw;  // a draw row (kDrawMinTopP)
 };
 
-__device__ __forceinline__ RowParams row_params(const SamplingArgs& a, int r) {
+__device__ __forceinline__ RowParams row_params(const Launch& L, int r) {
+  const SamplingArgs& a = L.a;
   RowParams p;
   const float t = a.temperature[r];
   p.sampled = t > 0.f;
@@ -177,14 +202,15 @@ __device__ __forceinline__ RowParams row_params(const SamplingArgs& a, int r) {
   p.top_p = a.top_p[r];
   p.k_on = p.sampled && top_k_on(p.top_k, a.vocab);
   p.p_on = p.sampled && top_p_on(p.top_p);
+  p.draw = L.p_draw && p.p_on && !p.k_on && p.top_p >= kDrawMinTopP && a.row_stats == nullptr;
   return p;
 }
 
 // ---- the row's plan
 // ------------------------------------------------------------------------------ Rows with top-k or
-// top-p get their plan from the scan's last CTA (RowState). Greedy and temperature-only rows have
-// no histogram and no ticket: their plan follows from the argmax, which the passes after the scan
-// read from RowState::argmax (resolve clears it).
+// top-p get their plan from the scan's last CTA (RowState). Greedy, temperature-only and draw rows
+// have no histogram and no ticket: their plan follows from the argmax, which the passes after the
+// scan read from RowState::argmax (resolve clears it).
 struct RowPlan {
   std::int32_t mode;  // RowMode
   float top;
@@ -194,7 +220,7 @@ struct RowPlan {
 };
 
 __device__ __forceinline__ bool has_plan(const RowParams& rp) {
-  return rp.k_on || rp.p_on;
+  return rp.k_on || (rp.p_on && !rp.draw);
 }
 
 // Top-p inside a bounded top-k set (k <= kScanThreads, the scan's bounded histogram): the whole
@@ -229,7 +255,7 @@ __device__ __forceinline__ RowPlan row_plan(const Workspace& ws, int r, const Ro
     const u64 am = __ldcg(&st.argmax);
     p.greedy = am != 0 ? static_cast<std::int32_t>(packed_index(am)) : 0;
     p.top = am != 0 ? key_to_float(packed_key(am)) : 0.f;
-    p.mode = samples(rp, am, p.top) ? kModeFast : kModeDone;
+    p.mode = !samples(rp, am, p.top) ? kModeDone : rp.draw ? kModeDraw : kModeFast;
     p.bk = p.lo = p.hi = -1;  // every token is kept
     p.above_k = p.below = 0;
   }
@@ -374,6 +400,37 @@ __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, con
     if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
 }
 
+// For a draw row: adds the exact masses of the group's tokens (bits of `live`) to z, and returns
+// as a 4-bit mask those whose exact score key reaches the fixed floor (the top token's score); the
+// same bound tests as offer_group skip the rest.
+__device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* table, const float* v,
+                                             u32 live, float top, float inv_t, std::uint64_t seed,
+                                             std::uint64_t step, u32 i0, u64& z) {
+  float x[4];
+  u32 near = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = scaled_logit(v[e], top, inv_t);
+    if (!((live >> e) & 1u)) continue;
+    z += mass_of_x(x[e]);
+    if (x[e] >= -kGumbelSpan) near |= 1u << e;
+  }
+  if (near == 0) return 0;
+  const Philox4 rnd = sampling_random(seed, step, i0 / 4);
+  u32 pass = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e])) pass |= 1u << e;
+  if (pass == 0) return 0;
+  u32 got = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (!((pass >> e) & 1u) || x[e] + table[rnd.v[e] >> 24] < m.floor_value) continue;
+    if (packed_key(exact_score(v[e], top, inv_t, rnd.v[e], i0 + e)) >= m.floor) got |= 1u << e;
+  }
+  return got;
+}
+
 // The random word of token i for a request's (seed, step) (a select, not an indexed read of the
 // Philox result: that would go through local memory).
 __device__ __forceinline__ u32 token_word(std::uint64_t seed, std::uint64_t step, u32 i) {
@@ -423,16 +480,23 @@ __device__ __forceinline__ void warp_add(W* hist, u32 bin, W w) {
   }
 }
 
+// Sum of v over lanes 0 .. this lane (an inclusive scan).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
 // Reserves `n` (this lane's count) consecutive slots of a list whose length is *count, with one
 // atomic per warp (an inclusive scan of the lanes' counts); returns this lane's first slot.
 __device__ __forceinline__ u32 warp_reserve(u32* count, u32 n) {
   const int lane = threadIdx.x & 31;
-  u32 incl = n;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const u32 y = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += y;
-  }
+  const u32 incl = warp_inclusive_sum(n);
   const u32 total = __shfl_sync(kFull, incl, 31);
   u32 pos = 0;
   if (lane == 31) pos = atomicAdd(count, total);

@@ -23,6 +23,11 @@ struct ResolveShared {
   u64 s_hi, s_mid, best;
   u32 n;
   u32 keep;  // the smallest kept key (row stats), set before the draw's block_max
+  // A draw row's picks, best score first: pack_max(score key, index) (0 = none), the logit's key,
+  // and the exact mass of strictly larger logits.
+  u64 pick[kDrawPicks];
+  u32 pick_key[kDrawPicks];
+  u64 above[kWarps][kDrawPicks];
 };
 
 // Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
@@ -57,12 +62,7 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
       u64 local = 0;
 #pragma unroll
       for (int b = 0; b < 8; ++b) local += hist[255 - 8 * lane - b];
-      u64 incl = local;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const u64 up = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += up;
-      }
+      const u64 incl = warp_inclusive_sum(local);
       const u64 total = __shfl_sync(kFull, incl, 31);
       if (shift == start) rem = rem_of(total);
       if (rem > total) rem = total;  // never with consistent weights; keeps the walk defined
@@ -169,6 +169,75 @@ __device__ __noinline__ void write_row_stats(const Launch& L, int r, const RowPa
 // The stats of a row whose token is its argmax (sampling.h, SamplingRowStats).
 __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
   return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
+}
+
+// A draw row (kDrawMinTopP) from the filter's candidates cand[0 .. n) (every token whose score
+// reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
+// that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
+// Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
+template <typename T>
+__device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp, float top, int n,
+                                     u64 z, u64* cs, ResolveShared& sh) {
+  const SamplingArgs& a = L.a;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const u64* cand = L.ws.cand(r);
+  const std::uint64_t seed = a.seed[r], step = a.step[r];
+  for (int i = tid; i < n; i += kResolveThreads) {  // the candidates' exact scores
+    const u64 c = cand[i];
+    const u32 idx = static_cast<u32>(c);
+    const float s = score_of(key_to_float(static_cast<u32>(c >> 32)), top, rp.inv_t,
+                             token_word(seed, step, idx));
+    cs[i] = s == s ? pack_max(key_of(s), idx) : 0ull;
+  }
+  for (int j = 0; j < kDrawPicks; ++j) {  // the best kDrawPicks, best first
+    u64 b = 0;
+    for (int i = tid; i < n; i += kResolveThreads) b = cs[i] > b ? cs[i] : b;
+    b = block_max<kResolveThreads>(b, sh.red);  // also orders the previous pick's removal
+    for (int i = tid; i < n; i += kResolveThreads)
+      if (b != 0 && cs[i] == b) cs[i] = 0;  // (key, index) pairs are unique
+    if (tid == 0) {
+      sh.pick[j] = b;
+      sh.pick_key[j] = b != 0 ? key_of(to_float(row[packed_index(b)])) : ~0u;
+    }
+  }
+  __syncthreads();
+  u32 key_j[kDrawPicks], lowest = ~0u;
+#pragma unroll
+  for (int j = 0; j < kDrawPicks; ++j) {
+    key_j[j] = sh.pick_key[j];
+    lowest = key_j[j] < lowest ? key_j[j] : lowest;
+  }
+  // One pass over the row: for each pick, the exact mass of the logits strictly above its own.
+  u64 above[kDrawPicks] = {};
+  for (int i = tid; i < a.vocab; i += kResolveThreads) {
+    const float v = to_float(row[i]);
+    const u32 key = key_of(v);
+    if (key <= lowest) continue;
+    const u64 m = mass_of(v, top, rp.inv_t);
+#pragma unroll
+    for (int j = 0; j < kDrawPicks; ++j)
+      if (key > key_j[j]) above[j] += m;
+  }
+#pragma unroll
+  for (int j = 0; j < kDrawPicks; ++j) {
+    above[j] = warp_sum(above[j]);
+    if (lane == 0) sh.above[warp][j] = above[j];
+  }
+  __syncthreads();
+  int token = -1;
+  if (tid == 0) {
+    const u64 target = top_p_target(rp.top_p, z);
+    for (int j = 0; j < kDrawPicks && token < 0; ++j) {
+      if (sh.pick[j] == 0) break;
+      u64 c = 0;
+      for (int w = 0; w < kWarps; ++w) c += sh.above[w][j];
+      if (c < target) token = static_cast<int>(packed_index(sh.pick[j]));
+    }
+    sh.digit = static_cast<u32>(token);  // broadcast (sh.digit is free outside block_select)
+  }
+  __syncthreads();
+  return static_cast<int>(sh.digit);
 }
 
 // One sampled row (all threads).
@@ -293,6 +362,9 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     } else {
       path = SamplingPath::kExactCheck;
     }
+  } else if (mode == kModeDraw && sh.n <= static_cast<u32>(L.cand_limit)) {
+    token = draw_row<T>(L, r, rp, top, n, sh.s_hi, cs, sh);
+    if (token < 0) path = SamplingPath::kExactCheck;
   } else {
     path = SamplingPath::kExactOverflow;
   }
@@ -308,7 +380,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
 
 // At most one CTA per SM (the candidate list's shared memory), looping over the rows.
 template <typename T>
-__global__ void __launch_bounds__(kResolveThreads)
+__global__ void __launch_bounds__(kResolveThreads, 1)
     resolve_kernel(const __grid_constant__ Launch L) {
   extern __shared__ u64 cs[];  // [ws.cap] candidates: key << 32 | index
   __shared__ ResolveShared sh;
@@ -317,7 +389,7 @@ __global__ void __launch_bounds__(kResolveThreads)
   pdl_launch_dependents();
   const int live = *L.a.num_rows;
   for (int r = blockIdx.x; r < live && r < L.a.max_rows; r += gridDim.x) {
-    const RowParams rp = row_params(L.a, r);
+    const RowParams rp = row_params(L, r);
     __syncthreads();  // the previous row's readers of sh and of the row state are done
     const RowPlan plan = row_plan(L.ws, r, rp);
     __syncthreads();  // every thread has its plan (read from the argmax when the row has none)

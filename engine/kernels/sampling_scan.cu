@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   if (r >= *a.num_rows) return;
   __shared__ ScanShared sh;
   const int tid = threadIdx.x;
-  const RowParams rp = row_params(a, r);
+  const RowParams rp = row_params(L, r);
   const bool cand = scan_candidates(L, rp);  // candidates instead of a histogram
   const bool hist = has_plan(rp);
   const bool masses = needs_masses(rp);

@@ -255,6 +255,49 @@ TEST_F(SamplingExact, FastPathEqualsExactPath) {
   }
 }
 
+// Draw rows (top-p >= kDrawMinTopP without top-k, no row stats) against the histogram plan,
+// which the same rows take when the call asks for row stats: the same token on every row, on the
+// fast path, and the reference's; p from 0.8 (picks rejected often) to 0.99, near-flat rows
+// (hundreds of candidates) and peaked ones, small and large chunks, fp32 and bf16.
+TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const int vocab = sanitize_mode() ? 20000 : 128256;
+  // T <= 0.8: a near-flat 128k row lists ~Z e^-G candidates, Z ~ 1e3 at T 0.8 (within the list
+  // unless G < -2.7, p ~ 1e-7); at T 1, Z ~ 3.5e3 overflows it about once in 100 rows.
+  const float ps[] = {0.8f, 0.9f, 0.95f, 0.99f}, ts[] = {0.5f, 0.7f, 0.8f};
+  for (LogitsType type : {LogitsType::kFloat32, LogitsType::kBF16})
+    for (int rows : {5, 24}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + (type == LogitsType::kBF16 ? " bf16" : ""));
+      Batch b(rows, vocab, type);
+      std::uniform_int_distribution<std::uint64_t> u64;
+      for (int r = 0; r < rows; ++r) {
+        fill_row(rng, b.row(r), vocab, r % 3 == 2 ? Shape::kPeaked : Shape::kFlat);
+        b.params[r] = {ts[r % 3], 0, ps[(r / 3) % 4], u64(rng), u64(rng) % 100000};
+      }
+      b.upload(rows, s);
+      sample(b.args(), s);
+      const auto drawn = b.tokens(s);
+      const auto drawn_path = b.paths(s);
+      DeviceBuffer<SamplingRowStats> stats(static_cast<std::size_t>(rows));
+      b.upload_params(rows, s);
+      SamplingArgs a = b.args();
+      a.row_stats = stats.data();
+      sample(a, s);
+      const auto planned = b.tokens(s);
+      for (int r = 0; r < rows; ++r) {
+        const Params& p = b.params[r];
+        EXPECT_EQ(drawn[r], planned[r])
+            << "row " << r << " T " << p.temperature << " p " << p.top_p;
+        EXPECT_EQ(drawn_path[r], static_cast<int>(SamplingPath::kFast)) << "row " << r;
+        const Expected e = reference_sample(b.row(r), vocab, p);
+        EXPECT_TRUE(e.accepts(drawn[r])) << "row " << r << " device " << drawn[r] << " reference "
+                                         << e.token << " T " << p.temperature << " p " << p.top_p;
+      }
+    }
+}
+
 // Ties at the k-th value spread over every chunk: all of them are kept, and draws reach many.
 TEST_F(SamplingExact, TiesAtTheKthValueSpanChunks) {
   SCOPED_TRACE(seed_note());
