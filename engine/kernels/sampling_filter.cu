@@ -51,9 +51,9 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   // reaches: a floor from the start for the CTAs that find no score of the row yet (temperature-
   // only rows: 122 -> 93 us at B = 128 with the cheap bound, call t28), and a draw row's fixed
   // floor (other scores may belong to tokens top-p drops). Rows with a plan start from the row's
-  // best instead: their filter is light (most tokens lie below the range or kGumbelSpan), and the
-  // extra Philox call cost them ~2% (t28).
-  ScoreMax m = score_max(sh.table, kPlanned ? packed_key(__ldcg(&st.best)) : 0u);
+  // best alone (as temperature-only rows also do): their filter is light (most tokens lie below the
+  // range or kGumbelSpan), and the extra Philox call cost them ~2% (t28).
+  ScoreMax m = score_max(sh.table, kDraw ? 0u : packed_key(__ldcg(&st.best)));
   if constexpr (!kPlanned)
     m.raise(key_of(score_of(top, top, rp.inv_t, token_word(seed, step, plan.greedy))));
 #pragma unroll

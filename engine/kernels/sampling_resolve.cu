@@ -175,6 +175,8 @@ __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
 // reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
 // that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
 // Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
+constexpr int kDrawBatch = 4;  // vectors per thread in flight in draw_row's pass over the row
+
 template <typename T>
 __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp, float top, int n,
                                      u64 z, u64* cs, ResolveShared& sh) {
@@ -209,15 +211,31 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
     lowest = key_j[j] < lowest ? key_j[j] : lowest;
   }
   // One pass over the row: for each pick, the exact mass of the logits strictly above its own.
+  // Vector loads, kDrawBatch of them issued before any is used (one at a time, the pass took
+  // ~60 us a row: call t29).
+  constexpr int W = VecOf<T>::kWidth;
+  const int vecs = (a.vocab + W - 1) / W;
   u64 above[kDrawPicks] = {};
-  for (int i = tid; i < a.vocab; i += kResolveThreads) {
-    const float v = to_float(row[i]);
-    const u32 key = key_of(v);
-    if (key <= lowest) continue;
-    const u64 m = mass_of(v, top, rp.inv_t);
+  for (int g0 = tid; g0 < vecs; g0 += kDrawBatch * kResolveThreads) {
+    float v[kDrawBatch][W];
 #pragma unroll
-    for (int j = 0; j < kDrawPicks; ++j)
-      if (key > key_j[j]) above[j] += m;
+    for (int b = 0; b < kDrawBatch; ++b) {
+      const int g = g0 + b * kResolveThreads;
+      if (g < vecs) load_vec(row, g * W, a.vocab, L.vec_ok, v[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kDrawBatch; ++b) {
+      const int g = g0 + b * kResolveThreads;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const u32 key = key_of(v[b][e]);
+        if (g >= vecs || g * W + e >= a.vocab || key <= lowest) continue;
+        const u64 m = mass_of(v[b][e], top, rp.inv_t);
+#pragma unroll
+        for (int j = 0; j < kDrawPicks; ++j)
+          if (key > key_j[j]) above[j] += m;
+      }
+    }
   }
 #pragma unroll
   for (int j = 0; j < kDrawPicks; ++j) {
