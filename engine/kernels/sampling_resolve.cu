@@ -198,18 +198,22 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
     b = block_max<kResolveThreads>(b, sh.red);  // also orders the previous pick's removal
     for (int i = tid; i < n; i += kResolveThreads)
       if (b != 0 && cs[i] == b) cs[i] = 0;  // (key, index) pairs are unique
-    if (tid == 0) {
-      sh.pick[j] = b;
-      sh.pick_key[j] = b != 0 ? key_of(to_float(row[packed_index(b)])) : ~0u;
-    }
+    if (tid == 0) sh.pick[j] = b;
   }
   __syncthreads();
-  u32 key_j[kDrawPicks], lowest = ~0u;
+  if (tid < kDrawPicks)  // the picks' logit keys, one load each, in parallel
+    sh.pick_key[tid] = sh.pick[tid] != 0 ? key_of(to_float(row[packed_index(sh.pick[tid])])) : 0u;
+  __syncthreads();
+  // The mass above a logit only grows as the logit falls, so once pick 0 is rejected every pick
+  // whose logit is at most its own is too: only the logits above pick 0's matter, and the picks
+  // at or below it (or missing) count nothing (key ~0: never exceeded) and are skipped below.
+  // A near-flat row's pick 0 is a softmax draw, mostly in its top ~10%, so the pass computes a
+  // mass for few tokens (all 8 picks' lowest logit made it ~80 us a row: call t30).
+  const u32 key0 = sh.pick[0] != 0 ? sh.pick_key[0] : ~0u;
+  u32 key_j[kDrawPicks];
 #pragma unroll
-  for (int j = 0; j < kDrawPicks; ++j) {
-    key_j[j] = sh.pick_key[j];
-    lowest = key_j[j] < lowest ? key_j[j] : lowest;
-  }
+  for (int j = 0; j < kDrawPicks; ++j)
+    key_j[j] = sh.pick[j] != 0 && (j == 0 || sh.pick_key[j] > key0) ? sh.pick_key[j] : ~0u;
   // One pass over the row: for each pick, the exact mass of the logits strictly above its own.
   // Vector loads, kDrawBatch of them issued before any is used (one at a time, the pass took
   // ~60 us a row: call t29).
@@ -229,7 +233,7 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         const u32 key = key_of(v[b][e]);
-        if (g >= vecs || g * W + e >= a.vocab || key <= lowest) continue;
+        if (g >= vecs || g * W + e >= a.vocab || key <= key0) continue;
         const u64 m = mass_of(v[b][e], top, rp.inv_t);
 #pragma unroll
         for (int j = 0; j < kDrawPicks; ++j)
@@ -247,7 +251,7 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
   if (tid == 0) {
     const u64 target = top_p_target(rp.top_p, z);
     for (int j = 0; j < kDrawPicks && token < 0; ++j) {
-      if (sh.pick[j] == 0) break;
+      if (key_j[j] == ~0u) continue;  // missing, or rejected with pick 0
       u64 c = 0;
       for (int w = 0; w < kWarps; ++w) c += sh.above[w][j];
       if (c < target) token = static_cast<int>(packed_index(sh.pick[j]));
