@@ -4,7 +4,7 @@
 // every row sampling.
 //
 //   bench_decode [--shape 1b|8b] [--batches 1,8,64] [--context 1024[,4096,...]] [--reps N]
-//                [--json PATH] [--quick] [--no-flush]
+//                [--json PATH] [--quick] [--no-flush] [--sampling T,K,P]
 //
 // Per (B, L): the model on its runtime + StepGraphs (decode captured for bucket B only, so no
 // padding rows), B requests with L prefix tokens: pages reserved through the step's page ledger
@@ -21,15 +21,16 @@
 // Sampling (issue 38): the rig also captures engine/sampling_step.h's step over the same runtime
 // (DecodeRig, RigSteps::kWithSampling). `greedy us` = that graph with every row greedy (the
 // forward, the greedy argmax and the token publish: what the engine's DecodeRunner replays);
-// `sampled us` = the same graph with every row at temperature 0.8, top-k 50, top-p 0.95, seeded per
-// row (only the step image's aux words differ). Both graph-replayed, same method as `graph us`,
+// `sampled us` = the same graph with every row at temperature 0.8, top-k 50, top-p 0.95 (or the
+// --sampling row: temperature, top-k (0 = off), top-p (1 = off)), seeded per row (only the step
+// image's aux words differ). Both graph-replayed, same method as `graph us`,
 // in interleaved rounds (greedy, sampled, greedy, sampled; each time the lower of its two
 // medians), so that a drift of the device between the two series (clocks, heat) is not taken for
 // the cost of sampling.
-// Checks: every greedy token has its row's largest logit; every sampled token is among its row's 50
-// largest logits. Pools are sized from B and L (B x pages of L + 1 keys, plus the reserved page); a
-// cell whose weights + pools + headroom exceed 90% of the device's free memory is skipped with the
-// reason.
+// Checks: every greedy token has its row's largest logit; every sampled token is among its row's
+// top-k largest logits (any token of the row when top-k is off). Pools are sized from B and L (B x
+// pages of L + 1 keys, plus the reserved page); a cell whose weights + pools + headroom exceed 90%
+// of the device's free memory is skipped with the reason.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -69,8 +70,9 @@ namespace {
 constexpr std::int32_t kPage = 16;
 constexpr int kWarmup = 10;
 constexpr std::uint64_t kSeed = 1234;
-// The issue's sampled row: temperature 0.8, top-k 50, top-p 0.95 (decode_loop's default mix).
-constexpr SamplingParams kSampled{0.8f, 50, 0.95f, kSeed};
+// The issue's sampled row: temperature 0.8, top-k 50, top-p 0.95 (decode_loop's default mix);
+// --sampling replaces it.
+SamplingParams g_sampled{0.8f, 50, 0.95f, kSeed};
 // Device memory beyond weights and KV pools: activations (max_tokens = B rows), logits
 // ([B][vocab] float: 66 MB at B = 128), the sampler's workspace, cuBLAS workspace, graphs. 1 GiB
 // was bench_decode's headroom before the 8B shape; 2 GiB covers the 8B activations with margin.
@@ -112,7 +114,7 @@ struct Result {
   double gbps() const { return (weight_bytes + kv_bytes) / (graph.device_us * 1e-6) / 1e9; }
 };
 
-// The engine's step with every row greedy, then every row sampling (kSampled), both by graph
+// The engine's step with every row greedy, then every row sampling (g_sampled), both by graph
 // replay; checks the tokens each left against the logits of the same step.
 void time_sampling(DecodeRig& rig, std::int32_t vocab, int reps, Timer& t, cudaStream_t s,
                    Result& r) {
@@ -134,9 +136,9 @@ void time_sampling(DecodeRig& rig, std::int32_t vocab, int reps, Timer& t, cudaS
   // both the greedy and the sampled rows saw.
   GD_CUDA(cudaMemcpyAsync(logits.data(), rig.model->logits(), logits.size() * sizeof(float),
                           cudaMemcpyDeviceToHost, s));
-  const StepTimes sampled1 = run(kSampled, sampled);
+  const StepTimes sampled1 = run(g_sampled, sampled);
   const StepTimes greedy2 = run(SamplingParams{}, greedy);
-  const StepTimes sampled2 = run(kSampled, sampled);
+  const StepTimes sampled2 = run(g_sampled, sampled);
   r.greedy = lower(greedy1, greedy2);
   r.sampled = lower(sampled1, sampled2);
   GD_CUDA(cudaStreamSynchronize(s));
@@ -152,7 +154,7 @@ void time_sampling(DecodeRig& rig, std::int32_t vocab, int reps, Timer& t, cudaS
     const std::int32_t tok = sampled[i];
     if (tok < 0 || tok >= vocab) continue;
     const auto above = std::count_if(row, row + vocab, [&](float x) { return x > row[tok]; });
-    r.sampled_in_top_k += above < kSampled.top_k;
+    r.sampled_in_top_k += g_sampled.top_k <= 0 || above < g_sampled.top_k;
   }
 }
 
@@ -217,7 +219,7 @@ void print_table(const std::vector<Result>& rs) {
         r.sane ? "" : "  NOT SANE");
     if (!r.sane)
       std::printf("        greedy = argmax on %d / %d rows, sampled in top-%d on %d / %d\n",
-                  r.greedy_is_argmax, r.batch, kSampled.top_k, r.sampled_in_top_k, r.batch);
+                  r.greedy_is_argmax, r.batch, g_sampled.top_k, r.sampled_in_top_k, r.batch);
   }
 }
 
@@ -237,9 +239,9 @@ void write_json(const std::string& path, const std::string& shape, const cudaDev
     << ", \"heads\": " << c.num_attention_heads << ", \"kv_heads\": " << c.num_key_value_heads
     << ", \"head_dim\": " << c.head_dim << ", \"vocab\": " << c.vocab_size
     << ", \"tied\": " << (c.tie_word_embeddings ? "true" : "false") << ", \"page_size\": " << kPage
-    << ", \"dtype\": \"bf16\"},\n  \"sampled_row\": {\"temperature\": " << kSampled.temperature
-    << ", \"top_k\": " << kSampled.top_k << ", \"top_p\": " << kSampled.top_p
-    << ", \"seed\": " << kSampled.seed << "},\n  \"results\": [\n";
+    << ", \"dtype\": \"bf16\"},\n  \"sampled_row\": {\"temperature\": " << g_sampled.temperature
+    << ", \"top_k\": " << g_sampled.top_k << ", \"top_p\": " << g_sampled.top_p
+    << ", \"seed\": " << g_sampled.seed << "},\n  \"results\": [\n";
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     f << "    {\"B\": " << r.batch << ", \"L\": " << r.context
@@ -289,13 +291,21 @@ int run_main(int argc, char** argv) {
       reps = std::max(5, std::atoi(argv[++i]));
     } else if (a == "--quick") {  // small model, few reps: a smoke run
       quick = true;
+    } else if (a == "--sampling" && i + 1 < argc) {
+      float t = 0.f, p = 0.f;
+      int k = 0;
+      const char* v = argv[++i];
+      GD_REQUIRE(
+          std::sscanf(v, "%f,%d,%f", &t, &k, &p) == 3 && t > 0.f && k >= 0 && p > 0.f && p <= 1.f,
+          "--sampling", v, "expected T,K,P with T > 0, K >= 0, 0 < P <= 1");
+      g_sampled = SamplingParams{t, k, p, kSeed};
     } else if (a == "--no-flush") {  // L2 left warm between steps (diagnosis only)
       flush = false;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--shape 1b|8b] [--batches 1,8,64] [--context 1024[,4096]] [--reps N>=5] "
-          "[--json PATH] [--quick] [--no-flush]\n",
+          "[--json PATH] [--quick] [--no-flush] [--sampling T,K,P]\n",
           argv[0]);
       return a == "--help" ? 0 : 2;
     }
@@ -346,8 +356,8 @@ int run_main(int argc, char** argv) {
   std::printf(
       "sampled rows: temperature %.1f, top-k %d, top-p %.2f, seed %llu + row; greedy rows: "
       "temperature 0\n",
-      kSampled.temperature, kSampled.top_k, kSampled.top_p,
-      static_cast<unsigned long long>(kSampled.seed));
+      g_sampled.temperature, g_sampled.top_k, g_sampled.top_p,
+      static_cast<unsigned long long>(g_sampled.seed));
   print_table(rs);
   const bool all_sane =
       std::all_of(rs.begin(), rs.end(), [](const Result& r) { return r.skipped || r.sane; });

@@ -83,7 +83,10 @@ constexpr int kScanCandMaxTopK = 64;
 // top-p keeps (the kept set's argmax: the same token as the plan's). Each pick is kept with
 // probability about p or more, so all kDrawPicks are rejected with probability about
 // (1 - p)^kDrawPicks (1e-6 at p = 0.8): the whole-row exact path then decides. Below 0.8 the
-// histogram plan stays (p = 1e-6 keeps one token: the picks would miss it).
+// histogram plan stays (p = 1e-6 keeps one token: the picks would miss it). Only at the large
+// chunk (max_rows > kSmallBatch): resolve's pass over the row runs in one CTA, and with <= 8 rows
+// that outweighs the histogram the scan spreads over the row's 63 CTAs (B = 1 flat: 67.7 us drawn,
+// 45.1 planned; B = 64: 151.8 / 193.5; peaked B = 128: 141.8 / 240; call t31).
 constexpr float kDrawMinTopP = 0.8f;
 constexpr int kDrawPicks = 8;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
@@ -202,7 +205,8 @@ __device__ __forceinline__ RowParams row_params(const Launch& L, int r) {
   p.top_p = a.top_p[r];
   p.k_on = p.sampled && top_k_on(p.top_k, a.vocab);
   p.p_on = p.sampled && top_p_on(p.top_p);
-  p.draw = L.p_draw && p.p_on && !p.k_on && p.top_p >= kDrawMinTopP && a.row_stats == nullptr;
+  p.draw = L.p_draw && L.chunk == kLargeChunk && p.p_on && !p.k_on && p.top_p >= kDrawMinTopP &&
+           a.row_stats == nullptr;
   return p;
 }
 
