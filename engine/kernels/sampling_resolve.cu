@@ -175,10 +175,10 @@ __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
 // reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
 // that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
 // Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
-// Logits per thread in flight in draw_row's pass over the row (8 fp32 or 4 bf16 vectors): the
-// pass is load-latency-bound, one CTA reading the whole row (4 fp32 vectors: ~30 us a 128k row,
-// call t31); more would spill (128 registers).
-constexpr int kDrawBatchLogits = 32;
+// Vectors per thread in flight in draw_row's pass over the row (one at a time: ~60 us a 128k row,
+// call t29; 4: t31's figures; 8 fp32 vectors made draw rows slower again, B = 128 peaked 142 ->
+// 169 us, call t32).
+constexpr int kDrawBatch = 4;
 
 template <typename T>
 __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp, float top, int n,
@@ -219,9 +219,8 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
     key_j[j] = sh.pick[j] != 0 && (j == 0 || sh.pick_key[j] > key0) ? sh.pick_key[j] : ~0u;
   // One pass over the row: for each pick, the exact mass of the logits strictly above its own.
   // Vector loads, kDrawBatch of them issued before any is used (one at a time, the pass took
-  // ~60 us a row: call t29; kDrawBatchLogits).
+  // ~60 us a row: call t29; kDrawBatch).
   constexpr int W = VecOf<T>::kWidth;
-  constexpr int kDrawBatch = kDrawBatchLogits / W;
   const int vecs = (a.vocab + W - 1) / W;
   u64 above[kDrawPicks] = {};
   for (int g0 = tid; g0 < vecs; g0 += kDrawBatch * kResolveThreads) {
