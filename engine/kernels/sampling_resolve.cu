@@ -213,6 +213,9 @@ __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp
   // A near-flat row's pick 0 is a softmax draw, mostly in its top ~10%, so the pass computes a
   // mass for few tokens (all 8 picks' lowest logit made it ~80 us a row: call t30).
   const u32 key0 = sh.pick[0] != 0 ? sh.pick_key[0] : ~0u;
+  // Pick 0 at the row's max logit has nothing strictly above it: kept, no pass over the row (a
+  // peaked row's top token is often its best score).
+  if (key0 == key_of(top)) return static_cast<int>(packed_index(sh.pick[0]));
   u32 key_j[kDrawPicks];
 #pragma unroll
   for (int j = 0; j < kDrawPicks; ++j)
