@@ -19,6 +19,15 @@ std::size_t sampling_workspace_bytes(std::int32_t max_rows, std::int32_t vocab) 
 }
 
 namespace sampling {
+namespace {
+
+// An A/B switch read once: the environment variable `name` set to "0" turns a path off.
+bool env_is_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+}  // namespace
 
 Launch make_launch(const SamplingArgs& args) {
   SamplingArgs a = args;
@@ -60,15 +69,9 @@ Launch make_launch(const SamplingArgs& args) {
   const std::size_t esize = a.logits_type == LogitsType::kFloat32 ? 4 : 2;
   L.vec_ok = reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0 &&
              (static_cast<std::size_t>(a.row_stride) * esize) % 16 == 0;
-  static const bool scan_cand = [] {
-    const char* v = std::getenv("GRAPHDECODE_SAMPLING_SCAN_CAND");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool scan_cand = !env_is_zero("GRAPHDECODE_SAMPLING_SCAN_CAND");
+  static const bool p_draw = !env_is_zero("GRAPHDECODE_SAMPLING_P_DRAW");
   L.scan_cand = scan_cand;
-  static const bool p_draw = [] {
-    const char* v = std::getenv("GRAPHDECODE_SAMPLING_P_DRAW");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
   L.p_draw = p_draw;
   int dev = 0;
   GD_CUDA(cudaGetDevice(&dev));

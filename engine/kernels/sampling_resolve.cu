@@ -171,15 +171,15 @@ __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
   return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
 }
 
-// A draw row (kDrawMinTopP) from the filter's candidates cand[0 .. n) (every token whose score
-// reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
-// that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
-// Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
 // Vectors per thread in flight in draw_row's pass over the row (one at a time: ~60 us a 128k row,
 // call t29; 4: t31's figures; 8 fp32 vectors made draw rows slower again, B = 128 peaked 142 ->
 // 169 us, call t32).
 constexpr int kDrawBatch = 4;
 
+// A draw row (kDrawMinTopP) from the filter's candidates cand[0 .. n) (every token whose score
+// reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
+// that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
+// Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
 template <typename T>
 __device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp, float top, int n,
                                      u64 z, u64* cs, ResolveShared& sh) {
