@@ -121,8 +121,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   // One atomic per CTA and quantity.
   if constexpr (kItem != Item::kAllKept) s_hi = block_sum<kScanThreads>(s_hi, red);
   if constexpr (kPlanned) s_mid = block_sum<kScanThreads>(s_mid, red);
-  u64 best = 0;  // a draw item scores only to list candidates
-  if constexpr (!kDraw) best = block_max<kScanThreads>(m.best, red);
+  const u64 best = block_max<kScanThreads>(m.best, red);
   if (tid == 0) {
     if (s_hi != 0) atomicAdd(&st.s_hi, s_hi);
     if (s_mid != 0) atomicAdd(&st.s_mid, s_mid);

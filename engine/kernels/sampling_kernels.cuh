@@ -379,51 +379,53 @@ __device__ __forceinline__ void offer(ScoreMax& m, const float* table, float v, 
   offer_bounded(m, table, v, x, top, inv_t, word, i);
 }
 
-// The bound tests of the Philox group of tokens i0 .. i0 + 3 (i0 a multiple of 4), those with bit
-// e of `live` set: the scaled logits into x, the group's words into rnd only when a token is within
-// kGumbelSpan of the top, and the cheap bound of all four before any branch (the streaming loop's
-// common case: nothing passes). Returns the tokens left for offer_bounded's test. With z (a draw
-// row), also adds the live tokens' exact masses to *z.
-__device__ __forceinline__ u32 group_pass(const ScoreMax& m, const float* v, u32 live, float top,
-                                          float inv_t, std::uint64_t seed, std::uint64_t step,
-                                          u32 i0, float (&x)[4], Philox4& rnd, u64* z) {
-  u32 near = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    x[e] = scaled_logit(v[e], top, inv_t);
-    if (!((live >> e) & 1u)) continue;
-    if (z != nullptr) *z += mass_of_x(x[e]);
-    if (x[e] >= -kGumbelSpan) near |= 1u << e;
-  }
-  if (near == 0) return 0;
-  rnd = sampling_random(seed, step, i0 / 4);
-  u32 pass = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e])) pass |= 1u << e;
-  return pass;
-}
-
-// offer() for the Philox group of tokens i0 .. i0 + 3 (group_pass).
+// offer() for the Philox group of tokens i0 .. i0 + 3 (i0 a multiple of 4), those with bit e of
+// `live` set: the group's words only when a token is within kGumbelSpan of the top, and the cheap
+// bound of all four before any branch (the streaming loop's common case: nothing passes).
 __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, const float* v,
                                             u32 live, float top, float inv_t, std::uint64_t seed,
                                             std::uint64_t step, u32 i0) {
   float x[4];
-  Philox4 rnd;
-  const u32 pass = group_pass(m, v, live, top, inv_t, seed, step, i0, x, rnd, nullptr);
+  u32 near = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = scaled_logit(v[e], top, inv_t);
+    if (((live >> e) & 1u) && x[e] >= -kGumbelSpan) near |= 1u << e;
+  }
+  if (near == 0) return;
+  const Philox4 rnd = sampling_random(seed, step, i0 / 4);
+  u32 pass = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e])) pass |= 1u << e;
+  if (pass == 0) return;
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
 }
 
 // For a draw row: adds the exact masses of the group's tokens (bits of `live`) to z, and returns
-// as a 4-bit mask those whose exact score key reaches the fixed floor (the top token's score).
+// as a 4-bit mask those whose exact score key reaches the fixed floor (the top token's score); the
+// same bound tests as offer_group skip the rest.
 __device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* table, const float* v,
                                              u32 live, float top, float inv_t, std::uint64_t seed,
                                              std::uint64_t step, u32 i0, u64& z) {
   float x[4];
-  Philox4 rnd;
-  const u32 pass = group_pass(m, v, live, top, inv_t, seed, step, i0, x, rnd, &z);
+  u32 near = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = scaled_logit(v[e], top, inv_t);
+    if (!((live >> e) & 1u)) continue;
+    z += mass_of_x(x[e]);
+    if (x[e] >= -kGumbelSpan) near |= 1u << e;
+  }
+  if (near == 0) return 0;
+  const Philox4 rnd = sampling_random(seed, step, i0 / 4);
+  u32 pass = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e])) pass |= 1u << e;
+  if (pass == 0) return 0;
   u32 got = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
