@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "attention/reference.h"
 
@@ -35,6 +36,51 @@ void zero_block_outputs(HostWeights& w) {
   for (auto& [name, t] : w.tensors)
     if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
       std::fill(t.data.begin(), t.data.end(), std::uint16_t{0});
+}
+
+std::int32_t make_bigram_decisive(HostWeights& w, double min_gap) {
+  const ModelConfig& c = w.config;
+  if (c.tie_word_embeddings) throw std::invalid_argument("make_bigram_decisive: tied lm_head");
+  const auto H = static_cast<std::size_t>(c.hidden_size);
+  const auto V = static_cast<std::size_t>(c.vocab_size);
+  std::vector<std::uint16_t>& embed = w.tensors.at("model.embed_tokens.weight").data;
+  const std::vector<std::uint16_t>& lm_bits = w.tensors.at("lm_head.weight").data;
+  std::vector<double> lm(lm_bits.size());
+  for (std::size_t i = 0; i < lm.size(); ++i) lm[i] = reference::bf16_to_float(lm_bits[i]);
+  std::int32_t moved = 0;
+  std::vector<double> e(H), l(V);
+  for (std::size_t t = 0; t < V; ++t) {
+    std::uint16_t* row = embed.data() + t * H;
+    for (int round = 0;; ++round) {
+      double norm = 0;
+      for (std::size_t i = 0; i < H; ++i) {
+        e[i] = reference::bf16_to_float(row[i]);
+        norm += e[i] * e[i];
+      }
+      double scale = 0;
+      std::size_t best = 0;
+      for (std::size_t v = 0; v < V; ++v) {
+        double dot = 0;
+        for (std::size_t i = 0; i < H; ++i) dot += lm[v * H + i] * e[i];
+        l[v] = dot;
+        scale = std::max(scale, std::abs(dot));
+        if (dot > l[best]) best = v;
+      }
+      double second = -INFINITY;
+      for (std::size_t v = 0; v < V; ++v)
+        if (v != best) second = std::max(second, l[v]);
+      if (l[best] - second >= min_gap * scale) break;
+      if (round == 0) ++moved;
+      if (round == 64) throw std::runtime_error("make_bigram_decisive: no decisive step");
+      // A step of 1% of the embedding's length along the winner's (unit) lm_head row.
+      double wn = 0;
+      for (std::size_t i = 0; i < H; ++i) wn += lm[best * H + i] * lm[best * H + i];
+      const double step = 0.01 * std::sqrt(norm / wn);
+      for (std::size_t i = 0; i < H; ++i)
+        row[i] = reference::float_to_bf16(static_cast<float>(e[i] + step * lm[best * H + i]));
+    }
+  }
+  return moved;
 }
 
 void expect_greedy_confirmed(const HostWeights& w, const std::vector<std::int32_t>& prompt,

@@ -46,6 +46,14 @@ std::vector<std::uint16_t> random_encoder_states(Rng& rng, std::int32_t len, std
 // (a bigram model; tests build predictable drafts on it).
 void zero_block_outputs(HostWeights& w);
 
+// For a bigram model (zero_block_outputs, RMSNorm weights 1, lm_head not tied): moves the
+// embedding of every token whose next-token argmax leads the runner-up by less than `min_gap` of
+// the logits' largest magnitude toward its argmax's lm_head row until it leads by `min_gap`
+// (float64 logits of the bf16 rows; the norm only scales them). Every bigram step is then decisive:
+// bf16 roundings that differ between two correct runs (a norm fused or not, a GEMM's row bucket)
+// cannot flip it. Returns the number of tokens moved.
+std::int32_t make_bigram_decisive(HostWeights& w, double min_gap = 0.01);
+
 // Every generated token against the float64 reference run on the same sequence (teacher forcing
 // on the engine's own tokens, with the request's encoder states if any): within 3% of the
 // reference maximum of the reference's best, and exactly its argmax wherever the reference's
