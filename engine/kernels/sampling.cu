@@ -1,5 +1,5 @@
-// Device sampling, host side: argument checks, the workspace query and the three passes
-// (sampling_kernels.cuh). See sampling.h for the contract.
+// Device sampling, host side: argument checks, the workspace query and the passes
+// (sampling_kernels.cuh; the check pass only with draw rows on). See sampling.h for the contract.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +85,7 @@ void sample(const SamplingArgs& args, cudaStream_t stream) {
   const sampling::Launch L = sampling::make_launch(args);
   sampling::launch_scan(L, stream);
   sampling::launch_filter(L, stream);
+  if (L.p_draw) sampling::launch_check(L, stream);
   sampling::launch_resolve(L, stream);
 }
 

@@ -39,11 +39,11 @@
 // scan appends every logit at or above its CTA's bound of the k-th key (a superset of the top-k
 // set) to the candidate list, and resolve selects both thresholds exactly among them.
 // GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs). Rows with top-p >= 0.8 and no top-k
-// (without row_stats) skip the histogram too: the filter sums the row's exact mass and lists
-// every token whose score reaches the top token's (which is always kept, so the kept set's
-// best-scored token is among them); resolve sums, for the 8 best-scored, the exact mass of
-// strictly larger logits in one pass over the row and draws the first one top-p keeps: the same
-// token, by the definition above. If none of the 8 is kept, the exact path decides.
+// (without row_stats) skip the histogram too: the filter lists every token whose score reaches
+// the top token's (which is always kept, so the kept set's best-scored token is among them) and
+// keeps the 8 best-scored as picks; a check pass over the whole grid sums the row's exact mass and,
+// for each pick, the exact mass of strictly larger logits; resolve draws the first pick top-p
+// keeps: the same token, by the definition above. If none of the 8 is kept, the exact path decides.
 // GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off (A/B runs).
 #pragma once
 

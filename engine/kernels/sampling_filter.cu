@@ -1,5 +1,6 @@
 // Sampling pass 2 (sampling_kernels.cuh): with the row's plan, score the sure-kept tokens, sum the
-// exact masses top-p needs, and compact the boundary buckets' tokens into the candidate list.
+// exact masses top-p needs, and compact the boundary buckets' tokens into the candidate list; a
+// draw row's last CTA keeps its best-scored candidates as its picks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -15,13 +16,15 @@ namespace {
 struct FilterShared {
   float table[kGumbelTableSize];
   u64 red[kScanThreads / 32];
+  u64 pick[kDrawPicks];
+  u32 last;  // this CTA ran the row's last draw item
 };
 
 // What a (row, chunk) item does (one instance of filter_item each):
 //   kPlanned  a row with a plan: sure-kept tokens scored, boundary tokens listed, top-p masses;
 //   kAllKept  no plan (temperature only), no row stats: every token is kept, nothing is summed;
-//   kDraw     a draw row (kDrawMinTopP): every token's exact mass into s_hi (Z), and every token
-//             whose score reaches the top token's listed as a candidate.
+//   kDraw     a draw row (kDrawMinTopP): every token whose score reaches the top token's listed
+//             as a candidate, pack_max(score key, index); the row's last item keeps the picks.
 enum class Item { kPlanned, kAllKept, kDraw };
 
 template <typename T, int kU, Item kItem>
@@ -60,6 +63,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
     u32 score_bits = 0, cand_bits = 0;  // tokens to offer; tokens to append
+    u32 scored[W];                      // kDraw: the appended tokens' score keys
     if constexpr (!kPlanned) {
 #pragma unroll
       for (int e = 0; e < W; ++e) {
@@ -71,9 +75,9 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
         const u32 live = (score_bits >> (4 * g)) & 0xfu;
         const u32 i = static_cast<u32>(i0 + 4 * g);
         if constexpr (kDraw)
-          cand_bits |=
-              collect_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i, s_hi)
-              << (4 * g);
+          cand_bits |= collect_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i,
+                                     &scored[4 * g])
+                       << (4 * g);
         else
           offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
       }
@@ -113,13 +117,15 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
       for (int e = 0; e < W; ++e) {
         if (!((cand_bits >> e) & 1u)) continue;
         if (pos < static_cast<u32>(L.ws.cap))
-          cand[pos] = (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
+          cand[pos] = kDraw ? pack_max(scored[e], static_cast<u32>(i0 + e))
+                            : (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
         ++pos;
       }
     }
   }
+  if constexpr (kDraw) return;  // the caller counts the item (draw_arrive)
   // One atomic per CTA and quantity.
-  if constexpr (kItem != Item::kAllKept) s_hi = block_sum<kScanThreads>(s_hi, red);
+  if constexpr (kPlanned) s_hi = block_sum<kScanThreads>(s_hi, red);
   if constexpr (kPlanned) s_mid = block_sum<kScanThreads>(s_mid, red);
   const u64 best = block_max<kScanThreads>(m.best, red);
   if (tid == 0) {
@@ -127,6 +133,55 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     if (s_mid != 0) atomicAdd(&st.s_mid, s_mid);
     if (best != 0) atomicMax(&st.best, best);
   }
+}
+
+// Inserts v into the descending top[0 .. kDrawPicks) (unrolled: the array stays in registers).
+__device__ __forceinline__ void insert_top(u64 (&top)[kDrawPicks], u64 v) {
+#pragma unroll
+  for (int j = 0; j < kDrawPicks; ++j) {
+    const u64 t = top[j];
+    top[j] = v > t ? v : t;
+    v = v > t ? t : v;
+  }
+}
+
+// A draw item's arrival (all threads): the row's last item (arrival ticket; every CTA's candidate
+// appends are ordered before its ticket) takes the kDrawPicks best candidates, best first, with
+// their logits' keys, as the row's picks, and resets the ticket. A list that overflowed gets no
+// picks (resolve takes the exact path).
+template <typename T>
+__device__ void draw_arrive(const Launch& L, int r, FilterShared& sh) {
+  RowState& st = L.ws.state(r);
+  const int tid = threadIdx.x;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sh.last = atomicAdd(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  const u32 n = __ldcg(&st.cand_count);
+  const u64* cand = L.ws.cand(r);
+  u64 top[kDrawPicks] = {};
+  if (n <= static_cast<u32>(L.cand_limit))
+    for (u32 i = tid; i < n; i += kScanThreads) insert_top(top, __ldcg(&cand[i]));
+  for (int j = 0; j < kDrawPicks; ++j) {  // pop the block's best kDrawPicks (unique values)
+    const u64 b = block_max<kScanThreads>(top[0], sh.red);
+    if (tid == 0) sh.pick[j] = b;
+    if (b != 0 && top[0] == b) {
+#pragma unroll
+      for (int q = 0; q + 1 < kDrawPicks; ++q) top[q] = top[q + 1];
+      top[kDrawPicks - 1] = 0;
+    }
+  }
+  __syncthreads();
+  if (tid < kDrawPicks) {  // one logit load each, in parallel
+    const u64 p = sh.pick[tid];
+    const T* row =
+        static_cast<const T*>(L.a.logits) + static_cast<std::int64_t>(r) * L.a.row_stride;
+    st.pick[tid] = p;
+    st.pick_key[tid] = p != 0 ? key_of(to_float(row[packed_index(p)])) : 0u;
+  }
+  if (tid == 0) st.ticket = 0;
 }
 
 // A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
@@ -148,9 +203,10 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     const RowParams rp = row_params(L, r);
     const RowPlan plan = row_plan(L.ws, r, rp);
     const int c = lin - r * L.chunks;
-    if (plan.mode == kModeDraw)  // uniform over the CTA
+    if (plan.mode == kModeDraw) {  // uniform over the CTA
       filter_item<T, kU, Item::kDraw>(L, r, c, rp, plan, sh, sh.red);
-    else if (plan.mode != kModeFast)
+      draw_arrive<T>(L, r, sh);
+    } else if (plan.mode != kModeFast)
       continue;
     else if (!has_plan(rp) && L.a.row_stats == nullptr)
       filter_item<T, kU, Item::kAllKept>(L, r, c, rp, plan, sh, sh.red);

@@ -1,4 +1,4 @@
-// Internals of device sampling (sampling.h) shared by its three passes: tuning constants, the
+// Internals of device sampling (sampling.h) shared by its passes: tuning constants, the
 // workspace layout, the launch parameters, chunk loads and the warp / block primitives.
 //
 // The passes, in stream order (each a kernel; the token never depends on how a row is chunked):
@@ -22,12 +22,16 @@
 //           candidate score, the token (every live row's, greedy ones too). Otherwise (overflow,
 //           failed check) the exact whole-row algorithm. With SamplingArgs::row_stats, each row's
 //           kept set and exact Z (the filter then sums the sure-kept mass of every row).
-//   Draw rows: the filter sums every token's exact mass and lists the tokens whose score reaches
-//           the top token's; resolve picks among them (kDrawMinTopP).
-// Every counter a call relies on being zero is reset by the pass that consumes it. Filter and
-// resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs become
-// resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait) before
-// their first read of the workspace; the scan, launched plainly, lets them start at once.
+//   check   (sampling_check.cu)   draw rows only (kDrawMinTopP): a persistent grid over their
+//           (row, chunk) items sums the row's exact mass Z and, for each of the row's picks, the
+//           exact mass of strictly larger logits.
+//   Draw rows: the filter lists the tokens whose score reaches the top token's, and the row's last
+//           filter CTA (arrival ticket) keeps the kDrawPicks best as the row's picks; the check
+//           pass sums their masses; resolve draws the first pick top-p keeps.
+// Every counter a call relies on being zero is reset by the pass that consumes it. Filter,
+// check and resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs
+// become resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait)
+// before their first read of the workspace; the scan, launched plainly, lets them start at once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,17 +80,17 @@ constexpr int kFilterBlocksPerSm = 3;
 // keep the histogram plan.
 constexpr int kScanCandMaxTopK = 64;
 // Top-p without top-k, p >= kDrawMinTopP, no row stats ("draw" rows): no histogram and no plan.
-// The filter sums the row's exact mass Z and lists every token whose Gumbel score reaches the top
-// token's (the top token is always kept, so the kept set's best score is among them: ~Z e^-G of a
-// near-flat row, ~600 at T 0.8 over 128k); resolve takes the kDrawPicks best scores, sums for each
-// the exact mass of strictly larger logits in one pass over the row, and draws the first one
-// top-p keeps (the kept set's argmax: the same token as the plan's). Each pick is kept with
-// probability about p or more, so all kDrawPicks are rejected with probability about
-// (1 - p)^kDrawPicks (1e-6 at p = 0.8): the whole-row exact path then decides. Below 0.8 the
-// histogram plan stays (p = 1e-6 keeps one token: the picks would miss it). Only at the large
-// chunk (max_rows > kSmallBatch): resolve's pass over the row runs in one CTA, and with <= 8 rows
-// that outweighs the histogram the scan spreads over the row's 63 CTAs (B = 1 flat: 67.7 us drawn,
-// 45.1 planned; B = 64: 151.8 / 193.5; peaked B = 128: 141.8 / 240; call t31).
+// The filter lists every token whose Gumbel score reaches the top token's (the top token is always
+// kept, so the kept set's best score is among them: ~Z e^-G of a near-flat row, ~600 at T 0.8 over
+// 128k) and the row's last filter CTA keeps the kDrawPicks best scores as its picks; the check
+// pass sums, over the whole grid, the row's exact mass Z and for each pick the exact mass of
+// strictly larger logits; resolve draws the first pick top-p keeps (the kept set's argmax: the
+// same token as the plan's). Each pick is kept with probability about p or more, so all
+// kDrawPicks are rejected with probability about (1 - p)^kDrawPicks (1e-6 at p = 0.8): the
+// whole-row exact path then decides. Below 0.8 the histogram plan stays (p = 1e-6 keeps one
+// token: the picks would miss it). When resolve summed the picks' masses in one pass over the row
+// in one CTA (~30 us a peaked row, ~80 a flat one, call t33), draw rows were kept to the large
+// chunk; with the grid-wide check they run at both.
 constexpr float kDrawMinTopP = 0.8f;
 constexpr int kDrawPicks = 8;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
@@ -105,7 +109,8 @@ constexpr double kApproxSlack = 1e-4;
 // ---- workspace
 // -----------------------------------------------------------------------------------
 // kModeCand: the scan wrote the candidates (scan_candidates); the filter skips the row.
-// kModeDraw: a draw row (kDrawMinTopP): the filter lists the candidates and sums Z.
+// kModeDraw: a draw row (kDrawMinTopP): the filter lists the candidates (pack_max(score key,
+// index), not key << 32 | index) and picks, the check sums the masses.
 enum RowMode : std::int32_t {
   kModeDone = 0,
   kModeFast = 1,
@@ -132,6 +137,14 @@ struct alignas(128) RowState {
                         // bk, kBuckets - 1; neither: -1, -1)
   u32 above_k;          // tokens in buckets above bk
   u32 below;            // tokens of the top-k set's buckets below lo (0: nothing to check)
+  // Draw rows. The filter's last CTA of the row (st.ticket) writes the picks before the check and
+  // resolve passes read them; z and above are zero between calls (resolve resets them).
+  u64 pick[kDrawPicks];      // the best-scored candidates, best first: pack_max(score key,
+                             // index), 0 = none (also every pick when the list overflowed)
+  u32 pick_key[kDrawPicks];  // their logits' order keys
+  u64 z;                     // check: the row's exact mass Z
+  u64 above[kDrawPicks];     // check: the exact mass of logits strictly above pick j's (only
+                             // for the picks draw_keys() keeps)
 };
 
 struct RowHist {  // zero between calls; the plan clears it
@@ -184,6 +197,7 @@ struct Launch {
 Launch make_launch(const SamplingArgs& args);
 void launch_scan(const Launch& L, cudaStream_t stream);     // sampling_scan.cu
 void launch_filter(const Launch& L, cudaStream_t stream);   // sampling_filter.cu
+void launch_check(const Launch& L, cudaStream_t stream);    // sampling_check.cu
 void launch_resolve(const Launch& L, cudaStream_t stream);  // sampling_resolve.cu
 
 // ---- per-row parameters ------------------------------------------------------------------------
@@ -205,8 +219,7 @@ __device__ __forceinline__ RowParams row_params(const Launch& L, int r) {
   p.top_p = a.top_p[r];
   p.k_on = p.sampled && top_k_on(p.top_k, a.vocab);
   p.p_on = p.sampled && top_p_on(p.top_p);
-  p.draw = L.p_draw && L.chunk == kLargeChunk && p.p_on && !p.k_on && p.top_p >= kDrawMinTopP &&
-           a.row_stats == nullptr;
+  p.draw = L.p_draw && p.p_on && !p.k_on && p.top_p >= kDrawMinTopP && a.row_stats == nullptr;
   return p;
 }
 
@@ -404,20 +417,18 @@ __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, con
     if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
 }
 
-// For a draw row: adds the exact masses of the group's tokens (bits of `live`) to z, and returns
-// as a 4-bit mask those whose exact score key reaches the fixed floor (the top token's score); the
-// same bound tests as offer_group skip the rest.
+// For a draw row: the group's tokens (bits of `live`) whose exact score key reaches the fixed
+// floor (the top token's score) get that key in out[e] and their bit in the returned 4-bit mask;
+// the same bound tests as offer_group skip the rest.
 __device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* table, const float* v,
                                              u32 live, float top, float inv_t, std::uint64_t seed,
-                                             std::uint64_t step, u32 i0, u64& z) {
+                                             std::uint64_t step, u32 i0, u32* out) {
   float x[4];
   u32 near = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     x[e] = scaled_logit(v[e], top, inv_t);
-    if (!((live >> e) & 1u)) continue;
-    z += mass_of_x(x[e]);
-    if (x[e] >= -kGumbelSpan) near |= 1u << e;
+    if (((live >> e) & 1u) && x[e] >= -kGumbelSpan) near |= 1u << e;
   }
   if (near == 0) return 0;
   const Philox4 rnd = sampling_random(seed, step, i0 / 4);
@@ -430,9 +441,22 @@ __device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* tab
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     if (!((pass >> e) & 1u) || x[e] + table[rnd.v[e] >> 24] < m.floor_value) continue;
-    if (packed_key(exact_score(v[e], top, inv_t, rnd.v[e], i0 + e)) >= m.floor) got |= 1u << e;
+    const u32 key = packed_key(exact_score(v[e], top, inv_t, rnd.v[e], i0 + e));
+    if (key >= m.floor) got |= 1u << e, out[e] = key;
   }
   return got;
+}
+
+// The picks' logit keys the check pass sums masses above, from the row's picks (draw rows): pick
+// 0's, and those of the later picks whose logit lies strictly above it. The mass above a logit only
+// grows as the logit falls, so once pick 0 is rejected every pick whose logit is at most its own is
+// too; those (and missing picks) get ~0u: never exceeded, never decided on. A near-flat row's pick
+// 0 is a softmax draw, mostly in its top ~10%, so few tokens lie above the keys.
+__device__ __forceinline__ void draw_keys(const RowState& st, u32 (&key)[kDrawPicks]) {
+  const u32 key0 = st.pick[0] != 0 ? st.pick_key[0] : ~0u;
+#pragma unroll
+  for (int j = 0; j < kDrawPicks; ++j)
+    key[j] = st.pick[j] != 0 && (j == 0 || st.pick_key[j] > key0) ? st.pick_key[j] : ~0u;
 }
 
 // The random word of token i for a request's (seed, step) (a select, not an indexed read of the

@@ -23,11 +23,6 @@ struct ResolveShared {
   u64 s_hi, s_mid, best;
   u32 n;
   u32 keep;  // the smallest kept key (row stats), set before the draw's block_max
-  // A draw row's picks, best score first: pack_max(score key, index) (0 = none), the logit's key,
-  // and the exact mass of strictly larger logits.
-  u64 pick[kDrawPicks];
-  u32 pick_key[kDrawPicks];
-  u64 above[kWarps][kDrawPicks];
 };
 
 // Radix select (8-bit digits) over keys key_at(0 .. n-1) weighted by weight_of(i, key) (0 = not
@@ -171,101 +166,23 @@ __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
   return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
 }
 
-// Vectors per thread in flight in draw_row's pass over the row (one at a time: ~60 us a 128k row,
-// call t29; 4: t31's figures; 8 fp32 vectors made draw rows slower again, B = 128 peaked 142 ->
-// 169 us, call t32).
-constexpr int kDrawBatch = 4;
-
-// A draw row (kDrawMinTopP) from the filter's candidates cand[0 .. n) (every token whose score
-// reaches the top token's; n <= ws.cap) and Z = the row's exact mass: the best-scored candidate
-// that top-p keeps, or -1 when none of the kDrawPicks best is kept (then the exact path decides).
-// Not inlined: it runs only for draw rows, and apart it keeps the other paths' registers.
-template <typename T>
-__device__ __noinline__ int draw_row(const Launch& L, int r, const RowParams& rp, float top, int n,
-                                     u64 z, u64* cs, ResolveShared& sh) {
-  const SamplingArgs& a = L.a;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
-  const u64* cand = L.ws.cand(r);
-  const std::uint64_t seed = a.seed[r], step = a.step[r];
-  for (int i = tid; i < n; i += kResolveThreads) {  // the candidates' exact scores
-    const u64 c = cand[i];
-    const u32 idx = static_cast<u32>(c);
-    const float s = score_of(key_to_float(static_cast<u32>(c >> 32)), top, rp.inv_t,
-                             token_word(seed, step, idx));
-    cs[i] = s == s ? pack_max(key_of(s), idx) : 0ull;
-  }
-  for (int j = 0; j < kDrawPicks; ++j) {  // the best kDrawPicks, best first
-    u64 b = 0;
-    for (int i = tid; i < n; i += kResolveThreads) b = cs[i] > b ? cs[i] : b;
-    b = block_max<kResolveThreads>(b, sh.red);  // also orders the previous pick's removal
-    for (int i = tid; i < n; i += kResolveThreads)
-      if (b != 0 && cs[i] == b) cs[i] = 0;  // (key, index) pairs are unique
-    if (tid == 0) sh.pick[j] = b;
-  }
-  __syncthreads();
-  if (tid < kDrawPicks)  // the picks' logit keys, one load each, in parallel
-    sh.pick_key[tid] = sh.pick[tid] != 0 ? key_of(to_float(row[packed_index(sh.pick[tid])])) : 0u;
-  __syncthreads();
-  // The mass above a logit only grows as the logit falls, so once pick 0 is rejected every pick
-  // whose logit is at most its own is too: only the logits above pick 0's matter, and the picks
-  // at or below it (or missing) count nothing (key ~0: never exceeded) and are skipped below.
-  // A near-flat row's pick 0 is a softmax draw, mostly in its top ~10%, so the pass computes a
-  // mass for few tokens (all 8 picks' lowest logit made it ~80 us a row: call t30).
-  const u32 key0 = sh.pick[0] != 0 ? sh.pick_key[0] : ~0u;
-  // Pick 0 at the row's max logit has nothing strictly above it: kept, no pass over the row (a
-  // peaked row's top token is often its best score).
-  if (key0 == key_of(top)) return static_cast<int>(packed_index(sh.pick[0]));
-  u32 key_j[kDrawPicks];
-#pragma unroll
-  for (int j = 0; j < kDrawPicks; ++j)
-    key_j[j] = sh.pick[j] != 0 && (j == 0 || sh.pick_key[j] > key0) ? sh.pick_key[j] : ~0u;
-  // One pass over the row: for each pick, the exact mass of the logits strictly above its own.
-  // Vector loads, kDrawBatch of them issued before any is used (one at a time, the pass took
-  // ~60 us a row: call t29; kDrawBatch).
-  constexpr int W = VecOf<T>::kWidth;
-  const int vecs = (a.vocab + W - 1) / W;
-  u64 above[kDrawPicks] = {};
-  for (int g0 = tid; g0 < vecs; g0 += kDrawBatch * kResolveThreads) {
-    float v[kDrawBatch][W];
-#pragma unroll
-    for (int b = 0; b < kDrawBatch; ++b) {
-      const int g = g0 + b * kResolveThreads;
-      if (g < vecs) load_vec(row, g * W, a.vocab, L.vec_ok, v[b]);
-    }
-#pragma unroll
-    for (int b = 0; b < kDrawBatch; ++b) {
-      const int g = g0 + b * kResolveThreads;
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const u32 key = key_of(v[b][e]);
-        if (g >= vecs || g * W + e >= a.vocab || key <= key0) continue;
-        const u64 m = mass_of(v[b][e], top, rp.inv_t);
-#pragma unroll
-        for (int j = 0; j < kDrawPicks; ++j)
-          if (key > key_j[j]) above[j] += m;
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kDrawPicks; ++j) {
-    above[j] = warp_sum(above[j]);
-    if (lane == 0) sh.above[warp][j] = above[j];
-  }
-  __syncthreads();
+// A draw row (kDrawMinTopP; thread 0): the first of its picks, best score first, that top-p keeps,
+// from the check pass's exact sums, or -1 when none of them is (the exact path decides). Resets
+// the sums for the next call.
+__device__ int draw_decide(RowState& st, const RowParams& rp, float top) {
+  u32 key[kDrawPicks];
+  draw_keys(st, key);
   int token = -1;
-  if (tid == 0) {
-    const u64 target = top_p_target(rp.top_p, z);
-    for (int j = 0; j < kDrawPicks && token < 0; ++j) {
-      if (key_j[j] == ~0u) continue;  // missing, or rejected with pick 0
-      u64 c = 0;
-      for (int w = 0; w < kWarps; ++w) c += sh.above[w][j];
-      if (c < target) token = static_cast<int>(packed_index(sh.pick[j]));
-    }
-    sh.digit = static_cast<u32>(token);  // broadcast (sh.digit is free outside block_select)
+  if (key[0] != ~0u && key[0] == key_of(top)) {  // nothing strictly above pick 0: kept
+    token = static_cast<int>(packed_index(st.pick[0]));
+  } else {
+    const u64 target = top_p_target(rp.top_p, st.z);
+    for (int j = 0; j < kDrawPicks && token < 0; ++j)
+      if (key[j] != ~0u && st.above[j] < target) token = static_cast<int>(packed_index(st.pick[j]));
   }
-  __syncthreads();
-  return static_cast<int>(sh.digit);
+  st.z = 0;
+  for (int j = 0; j < kDrawPicks; ++j) st.above[j] = 0;
+  return token;
 }
 
 // One sampled row (all threads).
@@ -391,7 +308,9 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       path = SamplingPath::kExactCheck;
     }
   } else if (mode == kModeDraw && sh.n <= static_cast<u32>(L.cand_limit)) {
-    token = draw_row<T>(L, r, rp, top, n, sh.s_hi, cs, sh);
+    if (tid == 0) sh.digit = static_cast<u32>(draw_decide(st, rp, top));  // free outside selects
+    __syncthreads();
+    token = static_cast<int>(sh.digit);
     if (token < 0) path = SamplingPath::kExactCheck;
   } else {
     path = SamplingPath::kExactOverflow;

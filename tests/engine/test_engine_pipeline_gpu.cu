@@ -185,11 +185,15 @@ INSTANTIATE_TEST_SUITE_P(GraphsOnOff, EnginePipelineExact, ::testing::Bool(),
 class EnginePipelineBatch : public EnginePipelineGpu, public ::testing::WithParamInterface<bool> {};
 
 // A batch of 8 (requests joining as others leave, greedy and sampled, stops, lengths and cancels
-// at every position): the streams equal the synchronous engine's. A pipelined step may replay a
-// larger bucket (rows of requests that ended the step before), so a near-tie may break
-// differently: at most one stream per run may differ, and a differing greedy stream must be
-// confirmed token by token by the float64 reference.
+// at every position): the streams equal the synchronous engine's, every one of them. A pipelined
+// step may replay a larger bucket (rows of requests that ended the step before), and cuBLAS and
+// the stream GEMV pick their kernels by row count: their roundings then differ between the two
+// engines and break near-ties differently (GRAPHDECODE_SEED=4759358164039630109: 3 of 80 streams
+// differ, each at a near-tie; 0 of 80 with the plain GEMM). So both engines run the plain GEMM,
+// whose rows do not depend on the bucket, and with deterministic attention and row-independent
+// sampling nothing else does: a differing stream is a pipeline defect.
 TEST_P(EnginePipelineBatch, BatchStreamsEqualTheSynchronousEngine) {
+  const testing::ScopedEnv row_independent_gemms("GRAPHDECODE_PLAIN_GEMM", "1");
   SCOPED_TRACE(testing::seed_note());
   testing::Rng rng = testing::test_rng();
   const ModelConfig config = small_test_config();
@@ -204,16 +208,8 @@ TEST_P(EnginePipelineBatch, BatchStreamsEqualTheSynchronousEngine) {
     const Served b = serve(w, ec, true, reqs);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ++total;
-      if (a.streams[i] == b.streams[i]) continue;
-      ++differ;
-      // A cancel after c tokens takes effect unless token c is the last one (c = max_new: the
-      // request finishes by its length first; the free run has no stop token in that variant).
-      const bool cancels =
-          reqs[i].cancel_after >= 0 && reqs[i].cancel_after < reqs[i].spec.max_new_tokens;
-      EXPECT_EQ(b.streams[i].cancelled, cancels) << "request " << i;
-      if (reqs[i].spec.sampling.temperature == 0.f && !b.streams[i].tokens.empty())
-        testing::expect_greedy_confirmed(w, reqs[i].spec.prompt, b.streams[i].tokens,
-                                         "pipelined request " + std::to_string(i));
+      differ += a.streams[i] != b.streams[i];
+      EXPECT_EQ(a.streams[i], b.streams[i]) << "variant " << variant << " request " << i;
     }
     pipelined += b.stats.pipelined_steps;
     sync += b.stats.sync_steps;
@@ -224,7 +220,6 @@ TEST_P(EnginePipelineBatch, BatchStreamsEqualTheSynchronousEngine) {
       "streams differ from the synchronous engine\n",
       static_cast<long long>(pipelined), static_cast<long long>(sync),
       static_cast<long long>(discarded), differ, total);
-  EXPECT_LE(differ, 1) << "divergences beyond a rare near-tie";
   EXPECT_GT(pipelined, 0);
   EXPECT_GT(discarded, 0);
 }

@@ -258,8 +258,9 @@ TEST_F(SamplingExact, FastPathEqualsExactPath) {
 // Draw rows (top-p >= kDrawMinTopP without top-k, no row stats) against the histogram plan,
 // which the same rows take when the call asks for row stats: the same token on every row, on the
 // fast path, and the reference's; p from 0.8 (picks rejected often) to 0.99, near-flat rows
-// (hundreds of candidates) and peaked ones, fp32 and bf16, at the large chunk (draw rows need
-// max_rows > 8).
+// (hundreds of candidates) and peaked ones, fp32 and bf16, at the small chunk (1 and 5 rows) and
+// the large one; a second call of the same rows draws the same tokens (the sums of the picks'
+// masses are reset between calls).
 TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
@@ -269,7 +270,7 @@ TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
   // unless G < -2.7, p ~ 1e-7); at T 1, Z ~ 3.5e3 overflows it about once in 100 rows.
   const float ps[] = {0.8f, 0.9f, 0.95f, 0.99f}, ts[] = {0.5f, 0.7f, 0.8f};
   for (LogitsType type : {LogitsType::kFloat32, LogitsType::kBF16})
-    for (int rows : {9, 40}) {
+    for (int rows : {1, 5, 9, 40}) {
       SCOPED_TRACE("rows " + std::to_string(rows) + (type == LogitsType::kBF16 ? " bf16" : ""));
       Batch b(rows, vocab, type);
       std::uniform_int_distribution<std::uint64_t> u64;
@@ -281,6 +282,8 @@ TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
       sample(b.args(), s);
       const auto drawn = b.tokens(s);
       const auto drawn_path = b.paths(s);
+      sample(b.args(), s);
+      EXPECT_EQ(b.tokens(s), drawn) << "a second call of the same rows";
       DeviceBuffer<SamplingRowStats> stats(static_cast<std::size_t>(rows));
       b.upload_params(rows, s);
       SamplingArgs a = b.args();

@@ -1,0 +1,121 @@
+// Sampling pass 3 of draw rows (sampling_kernels.cuh, kDrawMinTopP): over every (row, chunk) item
+// of the draw rows, the row's exact mass Z and, for each pick draw_keys() keeps, the exact mass of
+// strictly larger logits; one atomic per CTA and sum. Resolve then only compares.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "engine/kernels/sampling_kernels.cuh"
+
+namespace graphdecode::sampling {
+namespace {
+
+constexpr int kSums = kDrawPicks + 1;  // Z, then above[0 .. kDrawPicks)
+// CTAs per SM: the filter's occupancy (the body holds a chunk's 32 logits a thread as it does).
+constexpr int kCheckBlocksPerSm = kFilterBlocksPerSm;
+
+struct CheckShared {
+  u64 red[kScanThreads / 32][kSums];
+};
+
+// One (row, chunk) item: key[] from draw_keys (key[0] < the top logit's key).
+template <typename T, int kU>
+__device__ void check_item(const Launch& L, int r, int c, float top, float inv_t,
+                           const u32 (&key)[kDrawPicks], CheckShared& sh) {
+  constexpr int W = VecOf<T>::kWidth;
+  const SamplingArgs& a = L.a;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const int base = c * L.chunk;
+  float v[kU][W] = {};
+#pragma unroll
+  for (int j = 0; j < kU; ++j)
+    load_vec(row, base + (j * kScanThreads + tid) * W, a.vocab, L.vec_ok, v[j]);
+  u64 z = 0, above[kDrawPicks] = {};
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+    const int i0 = base + (j * kScanThreads + tid) * W;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (i0 + e >= a.vocab) continue;
+      const u64 m = mass_of(v[j][e], top, inv_t);
+      z += m;
+      const u32 k = key_of(v[j][e]);
+      if (k <= key[0]) continue;  // the common case: below every pick kept in play
+#pragma unroll
+      for (int q = 0; q < kDrawPicks; ++q)
+        if (k > key[q]) above[q] += m;
+    }
+  }
+  z = warp_sum(z);
+#pragma unroll
+  for (int q = 0; q < kDrawPicks; ++q) above[q] = warp_sum(above[q]);
+  __syncthreads();  // the previous item's readers of sh are done
+  if (lane == 0) {
+    sh.red[warp][0] = z;
+#pragma unroll
+    for (int q = 0; q < kDrawPicks; ++q) sh.red[warp][q + 1] = above[q];
+  }
+  __syncthreads();
+  if (tid < kSums) {
+    u64 s = 0;
+#pragma unroll
+    for (int w = 0; w < kScanThreads / 32; ++w) s += sh.red[w][tid];
+    RowState& st = L.ws.state(r);
+    if (s != 0) atomicAdd(tid == 0 ? &st.z : &st.above[tid - 1], s);
+  }
+}
+
+// A grid of at most kCheckBlocksPerSm CTAs per SM loops over the (row, chunk) items in row order:
+// the filter walked the rows backwards, so the first rows here are the likeliest in L2.
+template <typename T, int kU>
+__global__ void __launch_bounds__(kScanThreads, kCheckBlocksPerSm)
+    check_kernel(const __grid_constant__ Launch L) {
+  __shared__ CheckShared sh;
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  const int items = L.chunks * L.a.max_rows;
+  const int live = *L.a.num_rows;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int r = item / L.chunks;
+    if (r >= live) break;  // every later item's row too
+    const RowParams rp = row_params(L, r);
+    if (!rp.draw) continue;
+    const RowPlan plan = row_plan(L.ws, r, rp);
+    if (plan.mode != kModeDraw) continue;
+    const RowState& st = L.ws.state(r);
+    if (st.pick[0] == 0) continue;  // the list overflowed: resolve takes the exact path
+    u32 key[kDrawPicks];
+    draw_keys(st, key);
+    if (key[0] == key_of(plan.top)) continue;  // pick 0 at the max logit: kept, nothing to sum
+    check_item<T, kU>(L, r, item - r * L.chunks, plan.top, rp.inv_t, key, sh);
+  }
+}
+
+template <typename T, int kU>
+void launch(const Launch& L, cudaStream_t stream) {
+  const int items = L.chunks * L.a.max_rows;
+  const auto grid = dim3(static_cast<unsigned>(std::min(items, kCheckBlocksPerSm * L.sms)));
+  launch_pdl(check_kernel<T, kU>, grid, dim3(kScanThreads), 0, stream, L);
+}
+
+}  // namespace
+
+void launch_check(const Launch& L, cudaStream_t stream) {
+  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
+  const bool small = L.chunk == kSmallChunk;
+  if (L.a.logits_type == LogitsType::kFloat32) {
+    if (small)
+      launch<float, kSmallChunk / (kScanThreads * kF)>(L, stream);
+    else
+      launch<float, kLargeChunk / (kScanThreads * kF)>(L, stream);
+  } else {
+    if (small)
+      launch<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>(L, stream);
+    else
+      launch<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>(L, stream);
+  }
+}
+
+}  // namespace graphdecode::sampling
