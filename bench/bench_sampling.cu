@@ -13,9 +13,9 @@
 // warm-up; "flushed": a read of 2x the L2 before each replay (cold logits); "warm": back-to-back
 // replays (logits as L2 kept them; in the engine the LM-head GEMM has just written them).
 // "extra" = time minus the all-greedy time of the same batch, distribution and L2 mode.
-// Per-pass breakdown (warm): graphs of the scan alone, scan + filter, and all three passes; the
-// differences are what filter and resolve add (the workspace is cleared after the partial graphs,
-// which leave the filter's accumulators set).
+// Per-pass breakdown (warm): graphs of the scan alone, scan + filter, and all passes; the
+// differences are what filter and the rest (check and resolve) add (the workspace is cleared after
+// the partial graphs, which leave the filter's accumulators set).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -236,7 +236,7 @@ void bench_batch(int batch, int dist, int reps, int legacy_reps, Flush& flush, c
 void print(const std::vector<Result>& rs) {
   std::printf("\n%5s %-7s %-8s %-10s %9s %10s %9s %8s %10s %9s  %s\n", "B", "logits", "L2", "case",
               "new us", "legacy us", "extra us", "speedup", "fast/smp", "=legacy",
-              "scan/filter/resolve us (warm)");
+              "scan/filter/check+resolve us (warm)");
   for (const Result& r : rs) {
     std::printf("%5d %-7s %-8s %-10s %9.1f %10.1f %9.1f %7.1fx %5d/%-4d %4d/%-4d", r.batch,
                 kDistNames[r.dist], r.flushed ? "flushed" : "warm", kConfigNames[r.config],
