@@ -67,29 +67,27 @@ __device__ void check_item(const Launch& L, int r, int c, float top, float inv_t
   }
 }
 
-// A grid of at most kCheckBlocksPerSm CTAs per SM loops over the (row, chunk) items in row order:
-// the filter walked the rows backwards, so the first rows here are the likeliest in L2.
+// A grid of at most kCheckBlocksPerSm CTAs per SM loops over the (listed row, chunk) items, the
+// rows listed last first (their filter items ran last: the likeliest in L2). With no draw row
+// listed (greedy and other steps) every CTA reads the count and exits.
 template <typename T, int kU>
 __global__ void __launch_bounds__(kScanThreads, kCheckBlocksPerSm)
     check_kernel(const __grid_constant__ Launch L) {
   __shared__ CheckShared sh;
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
-  const int items = L.chunks * L.a.max_rows;
-  const int live = *L.a.num_rows;
+  const int listed =
+      static_cast<int>(min(__ldcg(&L.ws.state(0).draw_count), static_cast<u32>(L.a.max_rows)));
+  const int items = listed * L.chunks;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int r = item / L.chunks;
-    if (r >= live) break;  // every later item's row too
-    const RowParams rp = row_params(L, r);
-    if (!rp.draw) continue;
-    const RowPlan plan = row_plan(L.ws, r, rp);
-    if (plan.mode != kModeDraw) continue;
+    const int at = item / L.chunks;
+    const int r = static_cast<int>(__ldcg(&L.ws.state(listed - 1 - at).draw_list));
     const RowState& st = L.ws.state(r);
-    if (st.pick[0] == 0) continue;  // the list overflowed: resolve takes the exact path
+    const float inv_t = 1.f / L.a.temperature[r];  // row_params' inv_t
+    const float top = key_to_float(packed_key(__ldcg(&st.argmax)));
     u32 key[kDrawPicks];
     draw_keys(st, key);
-    if (key[0] == key_of(plan.top)) continue;  // pick 0 at the max logit: kept, nothing to sum
-    check_item<T, kU>(L, r, item - r * L.chunks, plan.top, rp.inv_t, key, sh);
+    check_item<T, kU>(L, r, item - at * L.chunks, top, inv_t, key, sh);
   }
 }
 

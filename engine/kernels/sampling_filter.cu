@@ -75,8 +75,8 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
         const u32 live = (score_bits >> (4 * g)) & 0xfu;
         const u32 i = static_cast<u32>(i0 + 4 * g);
         if constexpr (kDraw)
-          cand_bits |= collect_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i,
-                                     &scored[4 * g])
+          cand_bits |= collect_group(m, sh.table, sh.table[16], &v[j][4 * g], live, top, rp.inv_t,
+                                     seed, step, i, &scored[4 * g])
                        << (4 * g);
         else
           offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
@@ -145,20 +145,32 @@ __device__ __forceinline__ void insert_top(u64 (&top)[kDrawPicks], u64 v) {
   }
 }
 
-// A draw item's arrival (all threads): the row's last item (arrival ticket; every CTA's candidate
-// appends are ordered before its ticket) takes the kDrawPicks best candidates, best first, with
-// their logits' keys, as the row's picks, and resets the ticket. A list that overflowed gets no
-// picks (resolve takes the exact path).
+// Acquire-release atomic add at GPU scope (returns the old value).
+__device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* addr, u32 v) {
+  u32 old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(addr), "r"(v)
+               : "memory");
+  return old;
+}
+
+// A draw item's arrival (all threads): the row's last item takes the kDrawPicks best candidates,
+// best first, with their logits' keys, as the row's picks, resets the ticket, and lists the row
+// for the check pass unless it has nothing to sum. A list that overflowed gets no picks (resolve
+// takes the exact path). The arrival is attention/split_merge.cuh's: after the barrier thread 0
+// alone counts with an acq_rel atomic (cumulative over the barrier, so every thread's appends are
+// visible before the count); full fences in every thread cost a third of a small merge there.
+// Not inlined: inlined, its pick registers made the small-chunk filter spill (ptxas: 36 bytes).
 template <typename T>
-__device__ void draw_arrive(const Launch& L, int r, FilterShared& sh) {
+__device__ __noinline__ void draw_arrive(const Launch& L, int r, float top_logit,
+                                         FilterShared& sh) {
   RowState& st = L.ws.state(r);
   const int tid = threadIdx.x;
-  __threadfence();
   __syncthreads();
-  if (tid == 0) sh.last = atomicAdd(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
+  if (tid == 0) sh.last = atomic_add_acq_rel_gpu(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
   __syncthreads();
   if (!sh.last) return;
-  __threadfence();
   const u32 n = __ldcg(&st.cand_count);
   const u64* cand = L.ws.cand(r);
   u64 top[kDrawPicks] = {};
@@ -178,10 +190,17 @@ __device__ void draw_arrive(const Launch& L, int r, FilterShared& sh) {
     const u64 p = sh.pick[tid];
     const T* row =
         static_cast<const T*>(L.a.logits) + static_cast<std::int64_t>(r) * L.a.row_stride;
+    const u32 key = p != 0 ? key_of(to_float(row[packed_index(p)])) : 0u;
     st.pick[tid] = p;
-    st.pick_key[tid] = p != 0 ? key_of(to_float(row[packed_index(p)])) : 0u;
+    st.pick_key[tid] = key;
+    if (tid == 0) {
+      st.ticket = 0;
+      if (p != 0 && key != key_of(top_logit)) {  // else: the exact path, or pick 0 kept outright
+        const u32 at = atomicAdd(&L.ws.state(0).draw_count, 1u);
+        if (at < static_cast<u32>(L.a.max_rows)) L.ws.state(static_cast<int>(at)).draw_list = r;
+      }
+    }
   }
-  if (tid == 0) st.ticket = 0;
 }
 
 // A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
@@ -205,7 +224,7 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     const int c = lin - r * L.chunks;
     if (plan.mode == kModeDraw) {  // uniform over the CTA
       filter_item<T, kU, Item::kDraw>(L, r, c, rp, plan, sh, sh.red);
-      draw_arrive<T>(L, r, sh);
+      draw_arrive<T>(L, r, plan.top, sh);
     } else if (plan.mode != kModeFast)
       continue;
     else if (!has_plan(rp) && L.a.row_stats == nullptr)

@@ -335,6 +335,7 @@ __global__ void __launch_bounds__(kResolveThreads, 1)
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
   const int live = *L.a.num_rows;
+  if (blockIdx.x == 0 && threadIdx.x == 0) L.ws.state(0).draw_count = 0;  // for the next call
   for (int r = blockIdx.x; r < live && r < L.a.max_rows; r += gridDim.x) {
     const RowParams rp = row_params(L, r);
     __syncthreads();  // the previous row's readers of sh and of the row state are done
