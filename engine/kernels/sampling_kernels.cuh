@@ -30,8 +30,9 @@
 //           pass sums their masses; resolve draws the first pick top-p keeps.
 // Every counter a call relies on being zero is reset by the pass that consumes it. Filter,
 // check and resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs
-// become resident while it drains, build their Gumbel bound table, then wait (griddepcontrol.wait)
-// before their first read of the workspace; the scan, launched plainly, lets them start at once.
+// become resident while it drains, build their Gumbel bound table (filter, resolve), then wait
+// (griddepcontrol.wait) before their first read of the workspace; the scan, launched plainly, lets
+// them start at once.
 #pragma once
 
 #include <cuda_bf16.h>
