@@ -22,6 +22,7 @@ struct ScanShared {
   double redd[kScanThreads / 32];
   u32 red32[kScanThreads / 32];
   u32 lim[kScanThreads / 32];
+  u32 staged, base;  // candidate rows: indices staged in a (see scan_kernel), their first slot
   bool last;
   // Plan scalars.
   std::int32_t bk, lo, hi;
@@ -256,7 +257,8 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     }
     if ((tid & 31) == 0) sh.lim[tid >> 5] = kth;
   }
-  best = block_max<kScanThreads>(best, sh.red64);  // also orders the clear and sh.lim
+  if (cand && tid == 0) sh.staged = 0;
+  best = block_max<kScanThreads>(best, sh.red64);  // also orders the clear, sh.lim and sh.staged
   if (rp.k_on && rp.top_k <= kScanThreads) {
     lim = sh.lim[0];
 #pragma unroll
@@ -264,11 +266,21 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   }
 
   if (cand) {
-    // Every logit at or above lim: a superset of the row's top-k set (see above). One atomic per
-    // warp and vector that has any; the list's real length decides in the plan (overflow: exact).
-    // The few candidates' keys are read again (from L2) when written: the loaded logits can die
-    // after their bit masks (the bf16 variant spilled keeping them).
+    // Every logit at or above lim: a superset of the row's top-k set (see above), ~150 of a
+    // near-flat 8192-logit chunk at k = 50. Their indices are staged in shared memory (the
+    // histogram's bins, unused by these rows) with one shared atomic per warp and vector, then
+    // appended to the row's list with one global atomic per CTA: appended warp by warp, each warp
+    // waited on ~8 dependent global atomics on one address per row (the draw filter's appends
+    // did the same and ran at twice the temperature-only filter's time, ncu call t38). The list's
+    // real length decides in the plan (overflow: exact). The candidates' keys are read again
+    // (from L2) when written: the loaded logits can die after their bit masks (the bf16 variant
+    // spilled keeping them).
     u64* list = L.ws.cand(r);
+    u32* stage = sh.a;
+    const auto append = [&](u32 at, int i) {
+      if (at < static_cast<u32>(L.ws.cap))
+        list[at] = (static_cast<u64>(key_of(to_float(row[i]))) << 32) | static_cast<u32>(i);
+    };
     u32 masks[kU];
 #pragma unroll
     for (int j = 0; j < kU; ++j) {
@@ -281,16 +293,23 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     for (int j = 0; j < kU; ++j) {
       const u32 bits = masks[j];
       if (!__any_sync(kFull, bits != 0)) continue;
-      u32 pos = warp_reserve(&st.cand_count, __popc(bits));
+      u32 pos = warp_reserve(&sh.staged, __popc(bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (!((bits >> e) & 1u)) continue;
         const int i = index(j, e);
-        if (pos < static_cast<u32>(L.ws.cap))
-          list[pos] = (static_cast<u64>(key_of(to_float(row[i]))) << 32) | static_cast<u32>(i);
+        if (pos < static_cast<u32>(kBuckets))
+          stage[pos] = static_cast<u32>(i);
+        else  // past the stage (a chunk of near-equal logits): straight to the list
+          append(atomicAdd(&st.cand_count, 1u), i);
         ++pos;
       }
     }
+    __syncthreads();
+    const u32 n = min(sh.staged, static_cast<u32>(kBuckets));
+    if (tid == 0) sh.base = n != 0 ? atomicAdd(&st.cand_count, n) : 0u;
+    __syncthreads();
+    for (u32 q = tid; q < n; q += kScanThreads) append(sh.base + q, static_cast<int>(stage[q]));
   } else {
     RowHist& h = L.ws.hist(r);
     if (!masses) {
