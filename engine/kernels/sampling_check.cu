@@ -1,9 +1,6 @@
 // Sampling pass 3 of draw rows (sampling_kernels.cuh, kDrawMinTopP): over every (row, chunk) item
-// of the listed draw rows, for each pick draw_keys() keeps, the exact mass of strictly larger
-// logits; one atomic per CTA and sum. Resolve then only compares (the filter summed Z: there it
-// shares the pass's scaled logits; here the ~25 instructions of a mass for every token made the
-// check compute-bound, 57 us at B = 128 flat, call t38, where tokens at or below pick 0's logit
-// now cost a compare).
+// of the draw rows, the row's exact mass Z and, for each pick draw_keys() keeps, the exact mass of
+// strictly larger logits; one atomic per CTA and sum. Resolve then only compares.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -14,7 +11,7 @@
 namespace graphdecode::sampling {
 namespace {
 
-constexpr int kSums = kDrawPicks;  // above[0 .. kDrawPicks)
+constexpr int kSums = kDrawPicks + 1;  // Z, then above[0 .. kDrawPicks)
 // CTAs per SM: the filter's occupancy (the body holds a chunk's 32 logits a thread as it does).
 constexpr int kCheckBlocksPerSm = kFilterBlocksPerSm;
 
@@ -35,27 +32,30 @@ __device__ void check_item(const Launch& L, int r, int c, float top, float inv_t
 #pragma unroll
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, a.vocab, L.vec_ok, v[j]);
-  u64 above[kDrawPicks] = {};
+  u64 z = 0, above[kDrawPicks] = {};
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
 #pragma unroll
     for (int e = 0; e < W; ++e) {
       if (i0 + e >= a.vocab) continue;
+      const u64 m = mass_of(v[j][e], top, inv_t);
+      z += m;
       const u32 k = key_of(v[j][e]);
       if (k <= key[0]) continue;  // the common case: below every pick kept in play
-      const u64 m = mass_of(v[j][e], top, inv_t);
 #pragma unroll
       for (int q = 0; q < kDrawPicks; ++q)
         if (k > key[q]) above[q] += m;
     }
   }
+  z = warp_sum(z);
 #pragma unroll
   for (int q = 0; q < kDrawPicks; ++q) above[q] = warp_sum(above[q]);
   __syncthreads();  // the previous item's readers of sh are done
   if (lane == 0) {
+    sh.red[warp][0] = z;
 #pragma unroll
-    for (int q = 0; q < kDrawPicks; ++q) sh.red[warp][q] = above[q];
+    for (int q = 0; q < kDrawPicks; ++q) sh.red[warp][q + 1] = above[q];
   }
   __syncthreads();
   if (tid < kSums) {
@@ -63,7 +63,7 @@ __device__ void check_item(const Launch& L, int r, int c, float top, float inv_t
 #pragma unroll
     for (int w = 0; w < kScanThreads / 32; ++w) s += sh.red[w][tid];
     RowState& st = L.ws.state(r);
-    if (s != 0) atomicAdd(&st.above[tid], s);
+    if (s != 0) atomicAdd(tid == 0 ? &st.z : &st.above[tid - 1], s);
   }
 }
 

@@ -13,35 +13,23 @@
 namespace graphdecode::sampling {
 namespace {
 
-// A draw item's candidates are staged in shared memory and appended to the row's list with one
-// global atomic per item: appended warp by warp, the ~70 of a near-flat 8192-logit chunk at T 0.8
-// took ~5 dependent global atomics a warp on one address per row, and the draw filter ran at twice
-// the temperature-only filter's time (ncu, call t38: 116 vs 55 us at B = 128). A chunk holds more
-// than kDrawStage candidates when its top token's noise is below about -2 (p ~ 1e-3); the excess
-// is appended one by one.
-constexpr int kDrawStage = 1024;
-
 struct FilterShared {
   float table[kGumbelTableSize];
   u64 red[kScanThreads / 32];
   u64 pick[kDrawPicks];
-  u32 last;    // this CTA ran the row's last draw item
-  u32 staged;  // draw items: candidates staged (may pass kDrawStage: the excess went global)
-  u32 base;    // their first slot in the row's list
-  u64 stage[kDrawStage];
+  u32 last;  // this CTA ran the row's last draw item
 };
 
 // What a (row, chunk) item does (one instance of filter_item each):
 //   kPlanned  a row with a plan: sure-kept tokens scored, boundary tokens listed, top-p masses;
 //   kAllKept  no plan (temperature only), no row stats: every token is kept, nothing is summed;
-//   kDraw     a draw row (kDrawMinTopP): every token's exact mass into the row's Z, and every
-//             token whose score reaches the top token's listed as a candidate, pack_max(score
-//             key, index); the row's last item keeps the picks.
+//   kDraw     a draw row (kDrawMinTopP): every token whose score reaches the top token's listed
+//             as a candidate, pack_max(score key, index); the row's last item keeps the picks.
 enum class Item { kPlanned, kAllKept, kDraw };
 
 template <typename T, int kU, Item kItem>
 __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
-                            FilterShared& sh, u64* red) {
+                            const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
   constexpr bool kPlanned = kItem == Item::kPlanned, kDraw = kItem == Item::kDraw;
   const SamplingArgs& a = L.a;
@@ -88,7 +76,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
         const u32 i = static_cast<u32>(i0 + 4 * g);
         if constexpr (kDraw)
           cand_bits |= collect_group(m, sh.table, sh.table[16], &v[j][4 * g], live, top, rp.inv_t,
-                                     seed, step, i, &scored[4 * g], s_hi)
+                                     seed, step, i, &scored[4 * g])
                        << (4 * g);
         else
           offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
@@ -123,44 +111,19 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     if (!kDraw) m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best bounds every lane
     // Append the candidates: one atomic per warp and vector. Most vectors of a row hold none (a
     // top-k set of 50 is ~0.04% of 128k logits), so one vote skips the warp's prefix scan.
-    if (kDraw && __any_sync(kFull, cand_bits != 0)) {
-      u32 pos = warp_reserve(&sh.staged, __popc(cand_bits));
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        if (!((cand_bits >> e) & 1u)) continue;
-        const u64 c = pack_max(scored[e], static_cast<u32>(i0 + e));
-        if (pos < static_cast<u32>(kDrawStage)) {
-          sh.stage[pos] = c;
-        } else {
-          const u32 at = atomicAdd(&st.cand_count, 1u);
-          if (at < static_cast<u32>(L.ws.cap)) cand[at] = c;
-        }
-        ++pos;
-      }
-    } else if (kPlanned && __any_sync(kFull, cand_bits != 0)) {
+    if (kItem != Item::kAllKept && __any_sync(kFull, cand_bits != 0)) {
       u32 pos = warp_reserve(&st.cand_count, __popc(cand_bits));
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         if (!((cand_bits >> e) & 1u)) continue;
         if (pos < static_cast<u32>(L.ws.cap))
-          cand[pos] = (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
+          cand[pos] = kDraw ? pack_max(scored[e], static_cast<u32>(i0 + e))
+                            : (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
         ++pos;
       }
     }
   }
-  if constexpr (kDraw) {  // the staged candidates to the row's list; Z; the caller counts the item
-    s_hi = block_sum<kScanThreads>(s_hi, red);  // its barriers also order the staging before
-    const u32 n = min(sh.staged, static_cast<u32>(kDrawStage));
-    if (tid == 0) {
-      sh.base = n != 0 ? atomicAdd(&st.cand_count, n) : 0u;
-      if (s_hi != 0) atomicAdd(&st.z, s_hi);
-    }
-    __syncthreads();
-    for (u32 i = tid; i < n; i += kScanThreads)
-      if (sh.base + i < static_cast<u32>(L.ws.cap)) cand[sh.base + i] = sh.stage[i];
-    if (tid == 0) sh.staged = 0;  // every thread read it before the barrier above
-    return;
-  }
+  if constexpr (kDraw) return;  // the caller counts the item (draw_arrive)
   // One atomic per CTA and quantity.
   if constexpr (kPlanned) s_hi = block_sum<kScanThreads>(s_hi, red);
   if constexpr (kPlanned) s_mid = block_sum<kScanThreads>(s_mid, red);
@@ -247,7 +210,6 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     filter_kernel(const __grid_constant__ Launch L) {
   __shared__ FilterShared sh;
   fill_gumbel_table(sh.table);  // before the wait: overlaps the scan's tail
-  if (threadIdx.x == 0) sh.staged = 0;
   __syncthreads();
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();

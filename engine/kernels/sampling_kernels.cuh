@@ -23,8 +23,8 @@
 //           failed check) the exact whole-row algorithm. With SamplingArgs::row_stats, each row's
 //           kept set and exact Z (the filter then sums the sure-kept mass of every row).
 //   check   (sampling_check.cu)   draw rows only (kDrawMinTopP): a persistent grid over their
-//           (row, chunk) items sums, for each of the row's picks, the exact mass of strictly
-//           larger logits.
+//           (row, chunk) items sums the row's exact mass Z and, for each of the row's picks, the
+//           exact mass of strictly larger logits.
 //   Draw rows: the filter lists the tokens whose score reaches the top token's, and the row's last
 //           filter CTA (arrival ticket) keeps the kDrawPicks best as the row's picks; the check
 //           pass sums their masses; resolve draws the first pick top-p keeps.
@@ -81,17 +81,17 @@ constexpr int kFilterBlocksPerSm = 3;
 // keep the histogram plan.
 constexpr int kScanCandMaxTopK = 64;
 // Top-p without top-k, p >= kDrawMinTopP, no row stats ("draw" rows): no histogram and no plan.
-// The filter sums the row's exact mass Z and lists every token whose Gumbel score reaches the top
-// token's (the top token is always kept, so the kept set's best score is among them: ~Z e^-G of a
-// near-flat row, ~1100 at T 0.8 over 128k), and the row's last filter CTA keeps the kDrawPicks
-// best scores as its picks; the check pass sums, over the whole grid, for each pick the exact
-// mass of strictly larger logits (only tokens above pick 0's logit count: few); resolve draws the
-// first pick top-p keeps (the kept set's argmax: the same token as the plan's). Each pick is kept
-// with probability about p or more, so all kDrawPicks are rejected with probability about (1 -
-// p)^kDrawPicks (1e-6 at p = 0.8): the whole-row exact path then decides. Below 0.8 the histogram
-// plan stays (p = 1e-6 keeps one token: the picks would miss it). When resolve summed the picks'
-// masses in one pass over the row in one CTA (~30 us a peaked row, ~80 a flat one, call t33), draw
-// rows were kept to the large chunk; with the grid-wide check they run at both.
+// The filter lists every token whose Gumbel score reaches the top token's (the top token is always
+// kept, so the kept set's best score is among them: ~Z e^-G of a near-flat row, ~600 at T 0.8 over
+// 128k) and the row's last filter CTA keeps the kDrawPicks best scores as its picks; the check
+// pass sums, over the whole grid, the row's exact mass Z and for each pick the exact mass of
+// strictly larger logits; resolve draws the first pick top-p keeps (the kept set's argmax: the
+// same token as the plan's). Each pick is kept with probability about p or more, so all
+// kDrawPicks are rejected with probability about (1 - p)^kDrawPicks (1e-6 at p = 0.8): the
+// whole-row exact path then decides. Below 0.8 the histogram plan stays (p = 1e-6 keeps one
+// token: the picks would miss it). When resolve summed the picks' masses in one pass over the row
+// in one CTA (~30 us a peaked row, ~80 a flat one, call t33), draw rows were kept to the large
+// chunk; with the grid-wide check they run at both.
 constexpr float kDrawMinTopP = 0.8f;
 constexpr int kDrawPicks = 8;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
@@ -143,7 +143,7 @@ struct alignas(128) RowState {
   u64 pick[kDrawPicks];      // the best-scored candidates, best first: pack_max(score key,
                              // index), 0 = none (also every pick when the list overflowed)
   u32 pick_key[kDrawPicks];  // their logits' order keys
-  u64 z;                     // filter: the row's exact mass Z
+  u64 z;                     // check: the row's exact mass Z
   u64 above[kDrawPicks];     // check: the exact mass of logits strictly above pick j's (only
                              // for the picks draw_keys() keeps)
   // The draw rows the check pass sums, listed by the filter: row i's block holds the i-th, row 0's
@@ -423,9 +423,8 @@ __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, con
     if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
 }
 
-// For a draw row: adds the exact masses of the group's tokens (bits of `live`) to z; those whose
-// exact score key reaches the fixed floor (the top token's score) get that key in out[e] and their
-// bit in the returned 4-bit mask;
+// For a draw row: the group's tokens (bits of `live`) whose exact score key reaches the fixed
+// floor (the top token's score) get that key in out[e] and their bit in the returned 4-bit mask;
 // the same bound tests as offer_group skip the rest, with one more cheap level first: a word whose
 // top nibble is not 0 (15 in 16) has noise <= table[16] = `bound16` (~2.7 against table[1]'s ~5.5).
 // The fixed floor is low (the top token's noise alone), so table[1]'s test skips only the tokens
@@ -433,15 +432,13 @@ __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, con
 __device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* table, float bound16,
                                              const float* v, u32 live, float top, float inv_t,
                                              std::uint64_t seed, std::uint64_t step, u32 i0,
-                                             u32* out, u64& z) {
+                                             u32* out) {
   float x[4];
   u32 near = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     x[e] = scaled_logit(v[e], top, inv_t);
-    if (!((live >> e) & 1u)) continue;
-    z += mass_of_x(x[e]);
-    if (x[e] >= -kGumbelSpan) near |= 1u << e;
+    if (((live >> e) & 1u) && x[e] >= -kGumbelSpan) near |= 1u << e;
   }
   if (near == 0) return 0;
   const Philox4 rnd = sampling_random(seed, step, i0 / 4);

@@ -166,15 +166,9 @@ __device__ __forceinline__ SamplingRowStats point_stats(float top, int greedy) {
   return SamplingRowStats{1ull, top, 0.f, key_of(top), greedy};
 }
 
-// Clears a draw row's sums for the next call (thread 0).
-__device__ void reset_draw_sums(RowState& st) {
-  st.z = 0;
-  for (int j = 0; j < kDrawPicks; ++j) st.above[j] = 0;
-}
-
 // A draw row (kDrawMinTopP; thread 0): the first of its picks, best score first, that top-p keeps,
-// from the exact sums of the filter (Z) and the check pass, or -1 when none of them is (the exact
-// path decides). Resets the sums.
+// from the check pass's exact sums, or -1 when none of them is (the exact path decides). Resets
+// the sums for the next call.
 __device__ int draw_decide(RowState& st, const RowParams& rp, float top) {
   u32 key[kDrawPicks];
   draw_keys(st, key);
@@ -186,7 +180,8 @@ __device__ int draw_decide(RowState& st, const RowParams& rp, float top) {
     for (int j = 0; j < kDrawPicks && token < 0; ++j)
       if (key[j] != ~0u && st.above[j] < target) token = static_cast<int>(packed_index(st.pick[j]));
   }
-  reset_draw_sums(st);
+  st.z = 0;
+  for (int j = 0; j < kDrawPicks; ++j) st.above[j] = 0;
   return token;
 }
 
@@ -319,7 +314,6 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     if (token < 0) path = SamplingPath::kExactCheck;
   } else {
     path = SamplingPath::kExactOverflow;
-    if (mode == kModeDraw && tid == 0) reset_draw_sums(st);  // the filter summed Z
   }
   if (path != SamplingPath::kFast) token = exact_row<T>(L, r, rp, top, greedy, sh);
   if (tid == 0) {
