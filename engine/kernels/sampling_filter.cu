@@ -13,25 +13,38 @@
 namespace graphdecode::sampling {
 namespace {
 
+// A draw item's tokens that pass the cheap bounds wait in a per-warp list in shared memory and are
+// tested against the table and scored by the warp together: tested where they stood, ~5% of a
+// near-flat row's tokens at T 0.8 (the draw floor is low) put the table test and the two
+// logarithms in ~80% of a warp's token slots (one lane is enough), and the draw filter took twice
+// the temperature-only filter's time (ncu, calls t38-t39: 116 vs 55 us at B = 128). 32 x 8 slots:
+// a whole vector of every lane fits after a drain.
+constexpr int kDrawDefer = 256;
+
+struct DrawDefer {
+  u64 token[kDrawDefer];  // float bits << 32 | index
+  u32 word[kDrawDefer];   // the token's random word
+};
+
 struct FilterShared {
   float table[kGumbelTableSize];
   u64 red[kScanThreads / 32];
   u64 pick[kDrawPicks];
   u32 last;  // this CTA ran the row's last draw item
+  DrawDefer defer[kScanThreads / 32];
 };
 
 // What a (row, chunk) item does (one instance of filter_item each):
 //   kPlanned  a row with a plan: sure-kept tokens scored, boundary tokens listed, top-p masses;
 //   kAllKept  no plan (temperature only), no row stats: every token is kept, nothing is summed;
-//   kDraw     a draw row (kDrawMinTopP): every token whose score reaches the top token's listed
-//             as a candidate, pack_max(score key, index); the row's last item keeps the picks.
-enum class Item { kPlanned, kAllKept, kDraw };
+// (Draw rows have their own item, draw_item.)
+enum class Item { kPlanned, kAllKept };
 
 template <typename T, int kU, Item kItem>
 __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, const RowPlan& plan,
                             const FilterShared& sh, u64* red) {
   constexpr int W = VecOf<T>::kWidth;
-  constexpr bool kPlanned = kItem == Item::kPlanned, kDraw = kItem == Item::kDraw;
+  constexpr bool kPlanned = kItem == Item::kPlanned;
   const SamplingArgs& a = L.a;
   const int tid = threadIdx.x;
   const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
@@ -56,14 +69,13 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   // floor (other scores may belong to tokens top-p drops). Rows with a plan start from the row's
   // best alone (as temperature-only rows also do): their filter is light (most tokens lie below the
   // range or kGumbelSpan), and the extra Philox call cost them ~2% (t28).
-  ScoreMax m = score_max(sh.table, kDraw ? 0u : packed_key(__ldcg(&st.best)));
+  ScoreMax m = score_max(sh.table, packed_key(__ldcg(&st.best)));
   if constexpr (!kPlanned)
     m.raise(key_of(score_of(top, top, rp.inv_t, token_word(seed, step, plan.greedy))));
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
     u32 score_bits = 0, cand_bits = 0;  // tokens to offer; tokens to append
-    u32 scored[W];                      // kDraw: the appended tokens' score keys
     if constexpr (!kPlanned) {
 #pragma unroll
       for (int e = 0; e < W; ++e) {
@@ -74,12 +86,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
       for (int g = 0; g < W / 4; ++g) {
         const u32 live = (score_bits >> (4 * g)) & 0xfu;
         const u32 i = static_cast<u32>(i0 + 4 * g);
-        if constexpr (kDraw)
-          cand_bits |= collect_group(m, sh.table, sh.table[16], &v[j][4 * g], live, top, rp.inv_t,
-                                     seed, step, i, &scored[4 * g])
-                       << (4 * g);
-        else
-          offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
+        offer_group(m, sh.table, &v[j][4 * g], live, top, rp.inv_t, seed, step, i);
       }
     } else {
 #pragma unroll
@@ -108,7 +115,7 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
                   static_cast<u32>(i0 + 4 * g + e));
       }
     }
-    if (!kDraw) m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best bounds every lane
+    m.raise(__reduce_max_sync(kFull, m.floor));  // the warp's best bounds every lane
     // Append the candidates: one atomic per warp and vector. Most vectors of a row hold none (a
     // top-k set of 50 is ~0.04% of 128k logits), so one vote skips the warp's prefix scan.
     if (kItem != Item::kAllKept && __any_sync(kFull, cand_bits != 0)) {
@@ -117,13 +124,11 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
       for (int e = 0; e < W; ++e) {
         if (!((cand_bits >> e) & 1u)) continue;
         if (pos < static_cast<u32>(L.ws.cap))
-          cand[pos] = kDraw ? pack_max(scored[e], static_cast<u32>(i0 + e))
-                            : (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
+          cand[pos] = (static_cast<u64>(key_of(v[j][e])) << 32) | static_cast<u32>(i0 + e);
         ++pos;
       }
     }
   }
-  if constexpr (kDraw) return;  // the caller counts the item (draw_arrive)
   // One atomic per CTA and quantity.
   if constexpr (kPlanned) s_hi = block_sum<kScanThreads>(s_hi, red);
   if constexpr (kPlanned) s_mid = block_sum<kScanThreads>(s_mid, red);
@@ -133,6 +138,108 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
     if (s_mid != 0) atomicAdd(&st.s_mid, s_mid);
     if (best != 0) atomicMax(&st.best, best);
   }
+}
+
+// The warp's deferred draw tokens d[0 .. n) (warp-uniform n; all lanes): the table bound, then the
+// exact score of those it lets through; the scores that reach the fixed floor are appended to
+// the row's candidate list as pack_max(score key, index), one atomic per warp and round.
+__device__ __forceinline__ void drain_draw(const DrawDefer& d, u32 n, const ScoreMax& m,
+                                           const float* table, float top, float inv_t, u32 cap,
+                                           u32* count, u64* cand) {
+  __syncwarp();  // the lanes' list writes
+  for (u32 q0 = 0; q0 < n; q0 += 32) {
+    const u32 q = q0 + (threadIdx.x & 31);
+    u64 pk = 0;
+    if (q < n) {
+      const u64 t = d.token[q];
+      const u32 word = d.word[q];
+      const float v = __uint_as_float(static_cast<u32>(t >> 32));
+      if (!(scaled_logit(v, top, inv_t) + table[word >> 24] < m.floor_value)) {
+        pk = exact_score(v, top, inv_t, word, static_cast<u32>(t));
+        if (packed_key(pk) < m.floor) pk = 0;
+      }
+    }
+    if (__any_sync(kFull, pk != 0)) {
+      const u32 pos = warp_reserve(count, pk != 0 ? 1u : 0u);
+      if (pk != 0 && pos < cap) cand[pos] = pk;
+    }
+  }
+  __syncwarp();  // the list is reused
+}
+
+// A draw row's (row, chunk) item (sampling_kernels.cuh, kDrawMinTopP): every token whose score
+// reaches the top token's (a fixed floor: other scores may belong to tokens top-p drops) listed as
+// a candidate, pack_max(score key, index). The streaming loop applies the cheap bounds only (the
+// word's top byte, then its top nibble: noise <= table[16], ~2.7 against table[1]'s ~5.5, which
+// alone lets a third of a near-flat row through at this floor); the rest wait in the warp's list
+// (drain_draw). Not inlined: apart, the other items keep their registers.
+template <typename T, int kU>
+__device__ __noinline__ void draw_item(const Launch& L, int r, int c, const RowParams& rp,
+                                       const RowPlan& plan, FilterShared& sh) {
+  constexpr int W = VecOf<T>::kWidth;
+  static_assert(32 * W <= kDrawDefer, "a vector of every lane must fit the list after a drain");
+  const SamplingArgs& a = L.a;
+  const int tid = threadIdx.x;
+  const T* row = static_cast<const T*>(a.logits) + static_cast<std::int64_t>(r) * a.row_stride;
+  const int vocab = a.vocab;
+  const int base = c * L.chunk;
+  float v[kU][W] = {};
+#pragma unroll
+  for (int j = 0; j < kU; ++j)
+    load_vec(row, base + (j * kScanThreads + tid) * W, vocab, L.vec_ok, v[j]);
+  RowState& st = L.ws.state(r);
+  const float top = plan.top, inv_t = rp.inv_t;
+  const std::uint64_t seed = a.seed[r], step = a.step[r];
+  const u32 cap = static_cast<u32>(L.ws.cap);
+  u64* cand = L.ws.cand(r);
+  DrawDefer& d = sh.defer[tid >> 5];
+  ScoreMax m = score_max(sh.table, 0u);
+  m.raise(key_of(score_of(top, top, inv_t, token_word(seed, step, plan.greedy))));
+  const float bound16 = sh.table[16];
+  u32 n = 0;  // deferred tokens in the warp's list (warp-uniform)
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+    const int i0 = base + (j * kScanThreads + tid) * W;
+    u32 flag = 0, word[W];
+#pragma unroll
+    for (int g = 0; g < W / 4; ++g) {
+      float x[4];
+      u32 near = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = scaled_logit(v[j][4 * g + e], top, inv_t);
+        word[4 * g + e] = 0;
+        if (i0 + 4 * g + e < vocab && x[e] >= -kGumbelSpan) near |= 1u << e;
+      }
+      if (near == 0) continue;
+      const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(i0 / 4 + g));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        word[4 * g + e] = rnd.v[e];
+        if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e]) &&
+            !(rnd.v[e] >= (1u << 28) && x[e] + bound16 < m.floor_value))
+          flag |= 1u << (4 * g + e);
+      }
+    }
+    if (!__any_sync(kFull, flag != 0)) continue;
+    const u32 mine = __popc(flag);
+    const u32 incl = warp_inclusive_sum(mine);
+    const u32 total = __shfl_sync(kFull, incl, 31);
+    if (n + total > static_cast<u32>(kDrawDefer)) {
+      drain_draw(d, n, m, sh.table, top, inv_t, cap, &st.cand_count, cand);
+      n = 0;
+    }
+    u32 pos = n + incl - mine;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (!((flag >> e) & 1u)) continue;
+      d.token[pos] = (static_cast<u64>(__float_as_uint(v[j][e])) << 32) | static_cast<u32>(i0 + e);
+      d.word[pos] = word[e];
+      ++pos;
+    }
+    n += total;
+  }
+  if (n != 0) drain_draw(d, n, m, sh.table, top, inv_t, cap, &st.cand_count, cand);
 }
 
 // Inserts v into the descending top[0 .. kDrawPicks) (unrolled: the array stays in registers).
@@ -223,7 +330,7 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
     const RowPlan plan = row_plan(L.ws, r, rp);
     const int c = lin - r * L.chunks;
     if (plan.mode == kModeDraw) {  // uniform over the CTA
-      filter_item<T, kU, Item::kDraw>(L, r, c, rp, plan, sh, sh.red);
+      draw_item<T, kU>(L, r, c, rp, plan, sh);
       draw_arrive<T>(L, r, plan.top, sh);
     } else if (plan.mode != kModeFast)
       continue;

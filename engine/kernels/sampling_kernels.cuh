@@ -423,42 +423,6 @@ __device__ __forceinline__ void offer_group(ScoreMax& m, const float* table, con
     if ((pass >> e) & 1u) offer_bounded(m, table, v[e], x[e], top, inv_t, rnd.v[e], i0 + e);
 }
 
-// For a draw row: the group's tokens (bits of `live`) whose exact score key reaches the fixed
-// floor (the top token's score) get that key in out[e] and their bit in the returned 4-bit mask;
-// the same bound tests as offer_group skip the rest, with one more cheap level first: a word whose
-// top nibble is not 0 (15 in 16) has noise <= table[16] = `bound16` (~2.7 against table[1]'s ~5.5).
-// The fixed floor is low (the top token's noise alone), so table[1]'s test skips only the tokens
-// 5.5 below it, about a third of a near-flat row at T 0.8, and the rest read the table.
-__device__ __forceinline__ u32 collect_group(const ScoreMax& m, const float* table, float bound16,
-                                             const float* v, u32 live, float top, float inv_t,
-                                             std::uint64_t seed, std::uint64_t step, u32 i0,
-                                             u32* out) {
-  float x[4];
-  u32 near = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    x[e] = scaled_logit(v[e], top, inv_t);
-    if (((live >> e) & 1u) && x[e] >= -kGumbelSpan) near |= 1u << e;
-  }
-  if (near == 0) return 0;
-  const Philox4 rnd = sampling_random(seed, step, i0 / 4);
-  u32 pass = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (((near >> e) & 1u) && !below_floor_cheap(m, x[e], rnd.v[e]) &&
-        !(rnd.v[e] >= (1u << 28) && x[e] + bound16 < m.floor_value))
-      pass |= 1u << e;
-  if (pass == 0) return 0;
-  u32 got = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (!((pass >> e) & 1u) || x[e] + table[rnd.v[e] >> 24] < m.floor_value) continue;
-    const u32 key = packed_key(exact_score(v[e], top, inv_t, rnd.v[e], i0 + e));
-    if (key >= m.floor) got |= 1u << e, out[e] = key;
-  }
-  return got;
-}
-
 // The picks' logit keys the check pass sums masses above, from the row's picks (draw rows): pick
 // 0's, and those of the later picks whose logit lies strictly above it. The mass above a logit only
 // grows as the logit falls, so once pick 0 is rejected every pick whose logit is at most its own is
