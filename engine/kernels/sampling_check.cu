@@ -1,6 +1,9 @@
 // Sampling pass 3 of draw rows (sampling_kernels.cuh, kDrawMinTopP): over every (row, chunk) item
 // of the draw rows, the row's exact mass Z and, for each pick draw_keys() keeps, the exact mass of
-// strictly larger logits; one atomic per CTA and sum. Resolve then only compares.
+// strictly larger logits; one atomic per CTA and sum. Resolve then only compares. Measured and
+// dropped (calls t39-t40, B = 128 flat p 0.95): Z summed by the filter instead (the filter +21
+// us, the check -1), and the tokens above pick 0 deferred to per-warp lists as the filter's are
+// (the check 57 -> 68 us: its compare-and-adds were not what it waits on).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -15,37 +18,9 @@ constexpr int kSums = kDrawPicks + 1;  // Z, then above[0 .. kDrawPicks)
 // CTAs per SM: the filter's occupancy (the body holds a chunk's 32 logits a thread as it does).
 constexpr int kCheckBlocksPerSm = kFilterBlocksPerSm;
 
-// The tokens above pick 0's logit wait in a per-warp list in shared memory (their mass and key)
-// and are summed into the picks' masses by the warp together: summed where they stood, the ~20%
-// of a near-flat row's tokens above a softmax draw put the eight compare-and-adds in nearly every
-// token slot of a warp (one lane is enough; ncu, calls t38-t39: 57 us at B = 128 flat p 0.95).
-// 32 x 8 slots: a whole vector of every lane fits after a drain.
-constexpr int kCheckDefer = 256;
-
-struct CheckDefer {
-  u64 mass[kCheckDefer];
-  u32 key[kCheckDefer];
-};
-
 struct CheckShared {
   u64 red[kScanThreads / 32][kSums];
-  CheckDefer defer[kScanThreads / 32];
 };
-
-// Adds the warp's deferred tokens d[0 .. n) (warp-uniform n) to the lanes' pick masses.
-__device__ __forceinline__ void drain_check(const CheckDefer& d, u32 n,
-                                            const u32 (&key)[kDrawPicks],
-                                            u64 (&above)[kDrawPicks]) {
-  __syncwarp();  // the lanes' list writes
-  for (u32 q = threadIdx.x & 31; q < n; q += 32) {
-    const u64 m = d.mass[q];
-    const u32 k = d.key[q];
-#pragma unroll
-    for (int p = 0; p < kDrawPicks; ++p)
-      if (k > key[p]) above[p] += m;
-  }
-  __syncwarp();  // the list is reused
-}
 
 // One (row, chunk) item: key[] from draw_keys (key[0] < the top logit's key).
 template <typename T, int kU>
@@ -61,40 +36,21 @@ __device__ void check_item(const Launch& L, int r, int c, float top, float inv_t
   for (int j = 0; j < kU; ++j)
     load_vec(row, base + (j * kScanThreads + tid) * W, a.vocab, L.vec_ok, v[j]);
   u64 z = 0, above[kDrawPicks] = {};
-  CheckDefer& d = sh.defer[warp];
-  u32 n = 0;  // deferred tokens in the warp's list (warp-uniform)
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const int i0 = base + (j * kScanThreads + tid) * W;
-    u64 mv[W];
-    u32 flag = 0;
 #pragma unroll
     for (int e = 0; e < W; ++e) {
-      mv[e] = 0;
       if (i0 + e >= a.vocab) continue;
-      mv[e] = mass_of(v[j][e], top, inv_t);
-      z += mv[e];
-      if (key_of(v[j][e]) > key[0]) flag |= 1u << e;  // else below every pick kept in play
-    }
-    if (!__any_sync(kFull, flag != 0)) continue;
-    const u32 mine = __popc(flag);
-    const u32 incl = warp_inclusive_sum(mine);
-    const u32 total = __shfl_sync(kFull, incl, 31);
-    if (n + total > static_cast<u32>(kCheckDefer)) {
-      drain_check(d, n, key, above);
-      n = 0;
-    }
-    u32 pos = n + incl - mine;
+      const u64 m = mass_of(v[j][e], top, inv_t);
+      z += m;
+      const u32 k = key_of(v[j][e]);
+      if (k <= key[0]) continue;  // the common case: below every pick kept in play
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      if (!((flag >> e) & 1u)) continue;
-      d.mass[pos] = mv[e];
-      d.key[pos] = key_of(v[j][e]);
-      ++pos;
+      for (int q = 0; q < kDrawPicks; ++q)
+        if (k > key[q]) above[q] += m;
     }
-    n += total;
   }
-  if (n != 0) drain_check(d, n, key, above);
   z = warp_sum(z);
 #pragma unroll
   for (int q = 0; q < kDrawPicks; ++q) above[q] = warp_sum(above[q]);
