@@ -9,18 +9,9 @@
 #include "attention/attention_trace.cuh"
 #include "attention/mma_utils.cuh"
 #include "attention/work_item.cuh"
+#include "common/atomics.cuh"
 
 namespace graphdecode::attn {
-
-// Acquire-release atomic add at GPU scope (returns the old value).
-__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* addr, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
-               : "=r"(old)
-               : "l"(addr), "r"(v)
-               : "memory");
-  return old;
-}
 
 // Split-KV merge fused into the attention kernel: the last CTA of a (request, head, tile) to finish
 // its chunk merges all chunks of those rows, in chunk order (so the result does not depend on which

@@ -104,19 +104,7 @@ void launch(const Launch& L, cudaStream_t stream) {
 }  // namespace
 
 void launch_check(const Launch& L, cudaStream_t stream) {
-  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
-  const bool small = L.chunk == kSmallChunk;
-  if (L.a.logits_type == LogitsType::kFloat32) {
-    if (small)
-      launch<float, kSmallChunk / (kScanThreads * kF)>(L, stream);
-    else
-      launch<float, kLargeChunk / (kScanThreads * kF)>(L, stream);
-  } else {
-    if (small)
-      launch<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>(L, stream);
-    else
-      launch<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>(L, stream);
-  }
+  with_chunk_shape(L, [&]<typename T, int kU>() { launch<T, kU>(L, stream); });
 }
 
 }  // namespace graphdecode::sampling

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/atomics.cuh"
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
 
@@ -252,16 +253,6 @@ __device__ __forceinline__ void insert_top(u64 (&top)[kDrawPicks], u64 v) {
   }
 }
 
-// Acquire-release atomic add at GPU scope (returns the old value).
-__device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* addr, u32 v) {
-  u32 old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
-               : "=r"(old)
-               : "l"(addr), "r"(v)
-               : "memory");
-  return old;
-}
-
 // A draw item's arrival (all threads): the row's last item takes the kDrawPicks best candidates,
 // best first, with their logits' keys, as the row's picks, resets the ticket, and lists the row
 // for the check pass unless it has nothing to sum. A list that overflowed gets no picks (resolve
@@ -368,19 +359,7 @@ void launch(const Launch& L, cudaStream_t stream) {
 }  // namespace
 
 void launch_filter(const Launch& L, cudaStream_t stream) {
-  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
-  const bool small = L.chunk == kSmallChunk;
-  if (L.a.logits_type == LogitsType::kFloat32) {
-    if (small)
-      launch<float, kSmallChunk / (kScanThreads * kF)>(L, stream);
-    else
-      launch<float, kLargeChunk / (kScanThreads * kF)>(L, stream);
-  } else {
-    if (small)
-      launch<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>(L, stream);
-    else
-      launch<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>(L, stream);
-  }
+  with_chunk_shape(L, [&]<typename T, int kU>() { launch<T, kU>(L, stream); });
 }
 
 }  // namespace graphdecode::sampling

@@ -297,6 +297,25 @@ struct VecOf<__nv_bfloat16> {
   static constexpr int kWidth = 8;
 };
 
+// Calls f.template operator()<T, kU>() for the call's logits type T (float or bf16) and its chunk:
+// kU vectors of 16 bytes a thread (the streaming passes' unrolled loads).
+template <typename F>
+void with_chunk_shape(const Launch& L, F&& f) {
+  constexpr int kF = VecOf<float>::kWidth, kB = VecOf<__nv_bfloat16>::kWidth;
+  const bool small = L.chunk == kSmallChunk;
+  if (L.a.logits_type == LogitsType::kFloat32) {
+    if (small)
+      f.template operator()<float, kSmallChunk / (kScanThreads * kF)>();
+    else
+      f.template operator()<float, kLargeChunk / (kScanThreads * kF)>();
+  } else {
+    if (small)
+      f.template operator()<__nv_bfloat16, kSmallChunk / (kScanThreads * kB)>();
+    else
+      f.template operator()<__nv_bfloat16, kLargeChunk / (kScanThreads * kB)>();
+  }
+}
+
 __device__ __forceinline__ float to_float(float v) {
   return v;
 }
