@@ -66,10 +66,10 @@ __device__ void filter_item(const Launch& L, int r, int c, const RowParams& rp, 
   const bool sum_hi = rp.p_on || a.row_stats != nullptr;
   // The top token is kept in every row, so its score (x = 0: its noise alone) is one the kept set
   // reaches: a floor from the start for the CTAs that find no score of the row yet (temperature-
-  // only rows: 122 -> 93 us at B = 128 with the cheap bound, call t28), and a draw row's fixed
-  // floor (other scores may belong to tokens top-p drops). Rows with a plan start from the row's
-  // best alone (as temperature-only rows also do): their filter is light (most tokens lie below the
-  // range or kGumbelSpan), and the extra Philox call cost them ~2% (t28).
+  // only rows: 122 -> 93 us at B = 128 with the cheap bound, call t28; draw_item keeps it fixed).
+  // Rows with a plan start from the row's best alone (as temperature-only rows also do): their
+  // filter is light (most tokens lie below the range or kGumbelSpan), and the extra Philox call
+  // cost them ~2% (t28).
   ScoreMax m = score_max(sh.table, packed_key(__ldcg(&st.best)));
   if constexpr (!kPlanned)
     m.raise(key_of(score_of(top, top, rp.inv_t, token_word(seed, step, plan.greedy))));
