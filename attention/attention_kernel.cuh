@@ -3,7 +3,8 @@
 // Two layouts in one kernel, chosen per tile from the request's own shape (so batch-invariant):
 //   decode layout (tile rows <= 16): the 4 warps share the 16 query rows and split every 64-key
 //     tile into 4 x 16 keys; their states merge through shared memory in warp order at the end.
-//   extend layout (more rows): each warp owns 16 of 64 query rows and sweeps all keys.
+//   extend layout (more rows): each warp owns 16 of 64 query rows and sweeps all keys; at head
+//     dim 64 on sm_90a the 4 warps run it as one warpgroup on wgmma (attend_wgmma.cuh).
 // Rows are (token, head-in-group) pairs: GQA heads that share a KV head share every K/V load.
 // K/V tiles stream through a cp.async pipeline (kStages deep) with 16-byte zero-filling copies;
 // keys outside the item's span are never read, so released (kInvalidPage) pages are never touched.
@@ -19,86 +20,18 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "attention/attend_wgmma.cuh"
 #include "attention/attention_params.cuh"
 #include "attention/attention_trace.cuh"
 #include "attention/kv_tile_copy.cuh"
 #include "attention/mma_utils.cuh"
+#include "attention/row_softmax.cuh"
 #include "attention/split_merge.cuh"
 #include "attention/work_item.cuh"
 #include "common/pdl.cuh"
 #include "common/request_rules.h"
 
 namespace graphdecode::attn {
-
-// Waits for the kernel before this one in the stream, then lets the kernel after this one be
-// scheduled: in that order, as common/pdl.cuh's promise asks of a PDL-launched kernel.
-__device__ __forceinline__ void grid_dependency_sync() {
-  pdl_wait_for_prior_grid();
-  pdl_launch_dependents();
-}
-
-// Writes one finished row (normalized o, lse in log2 domain) to out/lse or to the partials.
-template <typename T>
-__device__ __forceinline__ void store_row_pair(const KernelParams& p, const WorkItem& w, int row,
-                                               int dim, float o0, float o1) {
-  int tok, head;
-  row_token_head(p, w, row, tok, head);
-  if (w.split) {
-    const std::int64_t e =
-        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.call.num_q_heads +
-        head;
-    *reinterpret_cast<float2*>(p.partial_o + e * p.kv.head_dim + dim) = make_float2(o0, o1);
-  } else {
-    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head;
-    T* out = static_cast<T*>(p.out) + e * p.kv.head_dim + dim;
-    *reinterpret_cast<uint32_t*>(out) = MmaType<T>::pack(o0, o1);
-  }
-}
-__device__ __forceinline__ void store_row_lse(const KernelParams& p, const WorkItem& w, int row,
-                                              float lse2) {
-  int tok, head;
-  row_token_head(p, w, row, tok, head);
-  if (w.split) {
-    const std::int64_t e =
-        w.part_off + (static_cast<std::int64_t>(w.chunk) * w.q_len + tok) * p.call.num_q_heads +
-        head;
-    p.partial_lse[e] = lse2;
-  } else if (p.lse != nullptr) {
-    const std::int64_t e = static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head;
-    p.lse[e] = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
-  }
-}
-
-// Online softmax (log2 domain), per row i of a thread's two: folds the tile's row maximum (mx,
-// this thread's part, reduced over the row's lanes by `reduce`) into m; alpha rescales the old l
-// (here) and o (by the caller), m_use is the base of this tile's exponents.
-template <typename Reduce>
-__device__ __forceinline__ void fold_tile_max(float (&m)[2], float (&l)[2], const float (&mx)[2],
-                                              Reduce reduce, float (&alpha)[2], float (&m_use)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float m_new = fmaxf(m[i], reduce(mx[i]));
-    m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[i] = fast_exp2(m[i] - m_use[i]);  // m = -inf -> 0
-    m[i] = m_new;
-    l[i] *= alpha[i];
-  }
-}
-
-// o *= alpha per row, after a tile moved the row maxima. Element e of an accumulator block belongs
-// to row e / 2 of the thread's two in the 16-row layouts, to row e % 2 in the narrow one (rows are
-// its mma's N dimension).
-// Skipped when no row of the warp moved (alpha == 1 exactly: the same result), which is most tiles
-// of a long span. Called by every lane of the warp.
-template <bool kNarrow, int kBlocks>
-__device__ __forceinline__ void rescale_o(float (&o)[kBlocks][4], const float (&alpha)[2]) {
-  if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
-#pragma unroll
-  for (int d = 0; d < kBlocks; ++d) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[d][e] *= alpha[kNarrow ? e % 2 : e / 2];
-  }
-}
 
 // kWarpsKV = 4: decode layout (warps split keys); 1: extend layout (warps split rows).
 // kNarrow (decode layout, <= 8 rows): the mma's roles swap, S^T = K Q^T and O^T += V^T P^T, so a
@@ -121,22 +54,7 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   const int wk = kWarpsKV == 4 ? warp : 0;  // key slice of this warp
   const int g = lane / 4, t4 = lane % 4;
 
-  // Q tile: row R = (token R / group, head kv_head * group + R % group).
-  const auto load_q = [&] {
-    const T* Q = static_cast<const T*>(p.q);
-    for (int i = threadIdx.x; i < kQRows * C::kChunksPerRow; i += kThreads) {
-      const int row = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
-      const bool valid = row < w.rows;
-      std::int64_t off = 0;
-      if (valid) {
-        int tok, head;
-        row_token_head(p, w, row, tok, head);
-        off = (static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head) * kHeadDim +
-              ch * 8;
-      }
-      cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
-    }
-  };
+  const auto load_q = [&] { load_q_tile<T, kHeadDim, kQRows>(p, w, sQ); };
 
   // Visible key range of this thread's two rows (g and g + 8 of the warp's 16; narrow: 2 * t4 + i).
   int row_lo[2], row_hi[2];
@@ -409,6 +327,21 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
 }
 
+// The extend layout on the warpgroup MMA where this build has it (sm_90a, head dim 64), else the
+// mma.sync one (the call site's condition keeps other head dims off the warpgroup body).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void attend_extend_wgmma_or_mma(const KernelParams& p, const WorkItem& w,
+                                                           bool early, T* sQ, T* sK, T* sV,
+                                                           float* s_ml) {
+#if GD_ATTN_HAS_WGMMA
+  if constexpr (kHeadDim == 64) {
+    attend_extend_wgmma<T>(p, w, early, sQ, sK, sV);
+    return;
+  }
+#endif
+  attend<T, kHeadDim, 1>(p, w, early, sQ, sK, sV, s_ml);
+}
+
 // kPersistent (attention_policy.h): a grid of at most one wave of resident CTAs that claim the
 // items past it (the loop below); else (d256, where the loop's registers spill) a grid of the work
 // capacity, one item per CTA.
@@ -416,7 +349,7 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_kernel(const __grid_constant__ KernelParams p) {
   using C = TileConfig<kHeadDim>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
   __shared__ int s_next;
@@ -452,6 +385,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
       else if (w.q_len * p.call.group <= kDecodeRows)
         attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);
+      else if (kHeadDim == 64 && GD_ATTN_HAS_WGMMA && kWgmmaExtend && wgmma_tiles_aligned(smem))
+        attend_extend_wgmma_or_mma<T, kHeadDim>(p, w, early, sQ, sK, sV, s_ml);
       else
         attend<T, kHeadDim, 1>(p, w, early, sQ, sK, sV, s_ml);
       GD_TRACE_POINT(3);

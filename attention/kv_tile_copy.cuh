@@ -26,6 +26,26 @@ struct TileConfig {
   static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
 };
 
+// Copies the query tile of an item into sQ: row R = (token R / group, head kv_head * group +
+// R % group), rows past w.rows zero-filled.
+template <typename T, int kHeadDim, int kQRows>
+__device__ __forceinline__ void load_q_tile(const KernelParams& p, const WorkItem& w, T* sQ) {
+  using C = TileConfig<kHeadDim>;
+  const T* Q = static_cast<const T*>(p.q);
+  for (int i = threadIdx.x; i < kQRows * C::kChunksPerRow; i += kThreads) {
+    const int row = i / C::kChunksPerRow, ch = i % C::kChunksPerRow;
+    const bool valid = row < w.rows;
+    std::int64_t off = 0;
+    if (valid) {
+      int tok, head;
+      row_token_head(p, w, row, tok, head);
+      off = (static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head) * kHeadDim +
+            ch * 8;
+    }
+    cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
+  }
+}
+
 // Copies a 64-key tile of K and V (keys key0 ..) into a pipeline stage: thread t copies 16-byte
 // column t % kChunksPerRow of rows t / kChunksPerRow + j * kRowsPerPass. Pieces outside the item's
 // keys [kb, ke), or on a released page, are zero-filled and never read. A piece's address is

@@ -4,6 +4,7 @@
 
 #include "attention/attention_params.cuh"
 #include "attention/attention_plan.cuh"
+#include "attention/attention_trace.cuh"
 #include "common/request_rules.h"
 
 namespace graphdecode::attn {

@@ -51,6 +51,30 @@ TEST_F(AttentionExtend, PrefillWithoutPrefix) {
   EXPECT_TRUE(run_case({16, 2, 64, 64, kFP16, kCausal}, {extend(777, 0), extend(64, 0)}, {}, rng));
 }
 
+// Head dim 64 prefill tiles (more than 16 rows) run the warpgroup-MMA body on sm_90a
+// (attend_wgmma.cuh): bf16 and fp16, GQA groups 4, 3 (63-row tiles), 8 and 1 (64 tokens a
+// tile), partial last tiles, prefixes across page and tile boundaries, and windows.
+TEST_F(AttentionExtend, HeadDim64Prefill) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  EXPECT_TRUE(run_case({8, 2, 64, 16, kBF16, kCausal},
+                       {extend(1200, 2000), extend(1, 1), extend(17, 63), extend(300, 1000),
+                        extend(64, 0), extend(129, 4096), extend(33, 15)},
+                       {}, rng));
+  EXPECT_TRUE(
+      run_case({32, 8, 64, 16, kBF16, kCausal}, extend_reqs(rng, 4, 17, 200, 0, 1500), {}, rng));
+  EXPECT_TRUE(
+      run_case({12, 4, 64, 16, kBF16, kCausal}, extend_reqs(rng, 5, 1, 400, 0, 2000), {}, rng));
+  EXPECT_TRUE(
+      run_case({8, 8, 64, 16, kFP16, kCausal}, extend_reqs(rng, 4, 60, 300, 0, 2000), {}, rng));
+  for (std::int32_t window : {1, 15, 16, 700}) {
+    CaseOptions o;
+    o.fill = FillOptions{window, true};
+    EXPECT_TRUE(run_case({8, 2, 64, 16, kBF16, kCausal},
+                         {extend(900, 300), extend(65, 2000), extend(window + 5, 40)}, o, rng));
+  }
+}
+
 TEST_F(AttentionExtend, TargetVerify) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
