@@ -1,12 +1,16 @@
-// The extend layout at head dim 64 on Hopper's warpgroup MMA (sm_90a): the CTA's 4 warps are one
-// warpgroup, its 64 query rows one wgmma M. Per 64-key tile, S = Q K^T is four m64n64k16 products
-// with Q and K read from their shared-memory tiles, and O += P V four more with P (the exponents,
-// packed to 16 bits) from registers and V from its tile.
+// The extend layout at head dims 64 and 128 on Hopper's warpgroup MMA (sm_90a): the CTA's 4 warps
+// are one warpgroup, its 64 query rows one wgmma M. Per 64-key tile, S = Q K^T is head_dim / 16
+// m64n64k16 products with Q and K read from their shared-memory tiles, and O += P V 4 per 64-dim
+// slab more, with P (the exponents, packed to 16 bits) from registers and V from its tile.
 //
-// Why: the mma.sync layout (attend<T, 64, 1>) loads every K and V fragment once per warp through
-// ldmatrix (four times per tile), plus Q's every tile; at head dim 64 those shared-memory reads
-// and the mma issue slots held long prompts' attention near 20% of the bf16 peak
-// (bench/NOTES.md). A warpgroup product reads its shared operands once for the 64 rows.
+// Why: the mma.sync layout (attend<T, D, 1>) loads every K and V fragment once per warp through
+// ldmatrix (four times per tile), plus Q's every tile; those shared-memory reads and the mma issue
+// slots held long prompts' attention near 20% of the bf16 peak at head dim 64 (bench/NOTES.md
+// 95). A warpgroup product reads its shared operands once for the 64 rows.
+//
+// Tiles: the wgmma 128-byte swizzle atom is 8 rows of 128 bytes. At head dim 64 a row is one,
+// and the tiles are the mma.sync layout's (swizzled_offset<64>). At 128 the tiles are stored as two
+// 64-column slabs (slab_offset, mma_utils.cuh); only this body reads them.
 //
 // Everything else is the mma.sync extend layout's, in the same order: the work item, the cp.async
 // pipeline and its early start (attention_kernel.cuh), the masks, the online softmax (log2
@@ -32,11 +36,14 @@ __device__ __forceinline__ bool wgmma_tiles_aligned(const void* smem) {
 }
 
 #if GD_ATTN_HAS_WGMMA
-template <typename T>
+template <typename T, int kHeadDim>
 __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const WorkItem& w,
                                                     bool early, T* sQ, T* sK, T* sV) {
-  constexpr int kHeadDim = 64;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "64-column slabs of a 64-row tile");
   using C = TileConfig<kHeadDim>;
+  constexpr int kSlabs = kHeadDim / 64;                 // 64-column slabs (slab_offset)
+  constexpr bool kSlabbed = kSlabs > 1;                 // at d64 the layout is swizzled_offset's
+  constexpr unsigned kSlabBytes = 64 * 64 * sizeof(T);  // a 64-row tile's slab
   // Tile it + 1 lands in the stage of tile it - 2 while tile it - 1's O += P V may still run: its
   // wait joins tile it's S wait instead of stalling the warpgroup on its own (bench/NOTES.md:
   // 3 stages with 1 tile ahead and this deferred wait beat 3 stages with 2 ahead waiting in the
@@ -66,11 +73,16 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
   const int key_begin = w.kb < w.ke ? (w.kb / kBlockN) * kBlockN : 0;
   const int n_tiles = w.kb < w.ke ? (w.ke - key_begin + kBlockN - 1) / kBlockN : 0;
 
-  float o[8][4], s[8][4];  // s: scores, then exponents; its old values are never read (scale-d 0)
+  // s: scores, then exponents; its old values are never read (scale-d 0). o[h]: dims of slab h.
+  float o[kSlabs][8][4], s[8][4];
 #pragma unroll
   for (int d = 0; d < 8; ++d) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[d][e] = s[d][e] = 0.f;
+    for (int e = 0; e < 4; ++e) {
+      s[d][e] = 0.f;
+#pragma unroll
+      for (int h = 0; h < kSlabs; ++h) o[h][d][e] = 0.f;
+    }
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   // P (the exponents, 16-bit pairs): the A operand of O += P V, in the mma.sync A layout per key
@@ -80,14 +92,14 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
   const std::uint64_t q_desc = sw128_desc(smem_addr(sQ));
   const int new_begin = p.call.causal ? max(w.kb, w.kv_len - w.q_len) : w.kb;
 
-  if (!early) load_q_tile<T, kHeadDim, kMaxRows>(p, w, sQ);
+  if (!early) load_q_tile<T, kHeadDim, kMaxRows, kSlabbed>(p, w, sQ);
 #pragma unroll 1
   for (int it = -kAhead; it < n_tiles; ++it) {
     if (early && it == 0) {
       grid_dependency_sync();
-      load_q_tile<T, kHeadDim, kMaxRows>(p, w, sQ);
+      load_q_tile<T, kHeadDim, kMaxRows, kSlabbed>(p, w, sQ);
       for (int t = 0; t < kAhead && t < n_tiles; ++t)
-        load_kv_tile<T, kHeadDim, true, true>(
+        load_kv_tile<T, kHeadDim, true, true, kSlabbed>(
             p, w, key_begin + t * kBlockN, sK + t * kBlockN * kHeadDim, sV + t * kBlockN * kHeadDim,
             kv_policy, new_begin, w.ke, true);
       cp_async_commit();
@@ -98,10 +110,11 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
       T* k_dst = sK + st * kBlockN * kHeadDim;
       T* v_dst = sV + st * kBlockN * kHeadDim;
       if (early && it < 0)
-        load_kv_tile<T, kHeadDim, true, true>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst,
-                                              kv_policy, new_begin, w.ke, false);
+        load_kv_tile<T, kHeadDim, true, true, kSlabbed>(p, w, key_begin + nxt * kBlockN, k_dst,
+                                                        v_dst, kv_policy, new_begin, w.ke, false);
       else
-        load_kv_tile<T, kHeadDim, false>(p, w, key_begin + nxt * kBlockN, k_dst, v_dst, kv_policy);
+        load_kv_tile<T, kHeadDim, false, false, kSlabbed>(p, w, key_begin + nxt * kBlockN, k_dst,
+                                                          v_dst, kv_policy);
     }
     cp_async_commit();
     if (it < 0) continue;
@@ -116,15 +129,19 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
     const std::uint32_t v_addr = smem_addr(sV + st * kBlockN * kHeadDim);
     const int key_tile = key_begin + it * kBlockN;
 
-    // S = Q K^T over head dim in 4 steps of 16 (32 bytes along the swizzled rows).
+    // S = Q K^T over head dim in steps of 16: 32 bytes along a slab's swizzled rows, 4 a slab.
     wgmma_fence();
+    const std::uint64_t k_desc = sw128_desc(k_addr);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      wgmma_64x64x16_ss<T>(s, q_desc + kk * 2, sw128_desc(k_addr) + kk * 2, kk > 0);
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const unsigned step = ((kk / 4) * kSlabBytes + (kk % 4) * 32) >> 4;
+      wgmma_64x64x16_ss<T>(s, q_desc + step, k_desc + step, kk > 0);
+    }
     wgmma_commit();
     wgmma_wait_all();  // and tile it - 1's P V
     wgmma_fence_operands(s);
-    wgmma_fence_operands(o);
+#pragma unroll
+    for (int h = 0; h < kSlabs; ++h) wgmma_fence_operands(o[h]);
     wgmma_fence_operands(p_frag);
 
     // Mask (skipped when every key of the tile is visible to both of this thread's rows: the
@@ -162,9 +179,10 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
         l[e / 2] += s[nb][e];
       }
     }
-    rescale_o<false>(o, alpha);
+#pragma unroll
+    for (int h = 0; h < kSlabs; ++h) rescale_o<false>(o[h], alpha);
 
-    // O += P V over the tile's keys in 4 steps of 16 (2048 bytes of V rows each).
+    // O += P V over the tile's keys in 4 steps of 16 (16 rows of a slab: 2048 bytes), per slab.
     auto& a = p_frag;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -175,14 +193,18 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
     }
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_64x64x16_rs_mn<T>(o, a[ks], sw128_desc(v_addr + ks * 16 * kHeadDim * sizeof(T)));
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+      for (int h = 0; h < kSlabs; ++h)
+        wgmma_64x64x16_rs_mn<T>(o[h], a[ks], sw128_desc(v_addr + h * kSlabBytes + ks * 2048));
+    }
     wgmma_commit();  // waited for with the next tile's S, or after the loop
     // Every warp is past its wait for tile it - 1's P V, whose stage the next iteration refills.
     __syncthreads();
   }
   wgmma_wait_all();
-  wgmma_fence_operands(o);
+#pragma unroll
+  for (int h = 0; h < kSlabs; ++h) wgmma_fence_operands(o[h]);
   wgmma_fence_operands(p_frag);
   cp_async_wait<0>();
   __syncthreads();
@@ -196,8 +218,12 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
     if (row >= w.rows) continue;
     const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
 #pragma unroll
-    for (int d = 0; d < 8; ++d)
-      store_row_pair<T>(p, w, row, d * 8 + 2 * t4, o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+    for (int h = 0; h < kSlabs; ++h) {
+#pragma unroll
+      for (int d = 0; d < 8; ++d)
+        store_row_pair<T>(p, w, row, h * 64 + d * 8 + 2 * t4, o[h][d][2 * i] * inv,
+                          o[h][d][2 * i + 1] * inv);
+    }
     if (t4 == 0) store_row_lse(p, w, row, l[i] > 0.f ? m[i] + log2f(l[i]) : -INFINITY);
   }
 }

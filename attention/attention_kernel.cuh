@@ -4,7 +4,7 @@
 //   decode layout (tile rows <= 16): the 4 warps share the 16 query rows and split every 64-key
 //     tile into 4 x 16 keys; their states merge through shared memory in warp order at the end.
 //   extend layout (more rows): each warp owns 16 of 64 query rows and sweeps all keys; at head
-//     dim 64 on sm_90a the 4 warps run it as one warpgroup on wgmma (attend_wgmma.cuh).
+//     dims 64 and 128 on sm_90a the 4 warps run it as one warpgroup on wgmma (attend_wgmma.cuh).
 // Rows are (token, head-in-group) pairs: GQA heads that share a KV head share every K/V load.
 // K/V tiles stream through a cp.async pipeline (kStages deep) with 16-byte zero-filling copies;
 // keys outside the item's span are never read, so released (kInvalidPage) pages are never touched.
@@ -327,15 +327,15 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
   }
 }
 
-// The extend layout on the warpgroup MMA where this build has it (sm_90a, head dim 64), else the
-// mma.sync one (the call site's condition keeps other head dims off the warpgroup body).
+// The extend layout on the warpgroup MMA where this build has it (sm_90a, head dims 64 and 128),
+// else the mma.sync one.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void attend_extend_wgmma_or_mma(const KernelParams& p, const WorkItem& w,
                                                            bool early, T* sQ, T* sK, T* sV,
                                                            float* s_ml) {
 #if GD_ATTN_HAS_WGMMA
-  if constexpr (kHeadDim == 64) {
-    attend_extend_wgmma<T>(p, w, early, sQ, sK, sV);
+  if constexpr (kWgmmaExtend<kHeadDim>) {
+    attend_extend_wgmma<T, kHeadDim>(p, w, early, sQ, sK, sV);
     return;
   }
 #endif
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
       else if (w.q_len * p.call.group <= kDecodeRows)
         attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);
-      else if (kHeadDim == 64 && GD_ATTN_HAS_WGMMA && kWgmmaExtend && wgmma_tiles_aligned(smem))
+      else if (GD_ATTN_HAS_WGMMA && kWgmmaExtend<kHeadDim> && wgmma_tiles_aligned(smem))
         attend_extend_wgmma_or_mma<T, kHeadDim>(p, w, early, sQ, sK, sV, s_ml);
       else
         attend<T, kHeadDim, 1>(p, w, early, sQ, sK, sV, s_ml);

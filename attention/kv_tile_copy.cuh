@@ -27,8 +27,8 @@ struct TileConfig {
 };
 
 // Copies the query tile of an item into sQ: row R = (token R / group, head kv_head * group +
-// R % group), rows past w.rows zero-filled.
-template <typename T, int kHeadDim, int kQRows>
+// R % group), rows past w.rows zero-filled. kSlabs: slab_offset's layout (the warpgroup body).
+template <typename T, int kHeadDim, int kQRows, bool kSlabs = false>
 __device__ __forceinline__ void load_q_tile(const KernelParams& p, const WorkItem& w, T* sQ) {
   using C = TileConfig<kHeadDim>;
   const T* Q = static_cast<const T*>(p.q);
@@ -42,7 +42,8 @@ __device__ __forceinline__ void load_q_tile(const KernelParams& p, const WorkIte
       off = (static_cast<std::int64_t>(w.q_begin + tok) * p.call.num_q_heads + head) * kHeadDim +
             ch * 8;
     }
-    cp_async_16(sQ + swizzled_offset<kHeadDim>(row, ch), Q + off, valid);
+    const int s = kSlabs ? slab_offset<kQRows>(row, ch) : swizzled_offset<kHeadDim>(row, ch);
+    cp_async_16(sQ + s, Q + off, valid);
   }
 }
 
@@ -55,12 +56,13 @@ __device__ __forceinline__ void load_q_tile(const KernelParams& p, const WorkIte
 // Every copy carries an L2 evict-first policy: K/V stream through once, and should not push the
 // plan, page tables, partials and the next layer's inputs out of L2 (NOTES 31, 35).
 // kRolled: a rolled loop (the decode layout: less code to fetch cold), else unrolled (the extend
-// layout's schedule needs it). kFiltered (early start, p.early_kv): only the pieces whose key is
+// layout's schedule needs it). kSlabs: slab_offset's layout (the warpgroup body). kFiltered (early
+// start, p.early_kv): only the pieces whose key is
 // (`inside`) or is not (!`inside`) in [lo, hi), i.e. the rows the kernel before may still be
 // writing, or every other row; the others are not touched at all (another commit group fills them).
 // Each piece looks its page id up just before its copy: the compiler overlaps each lookup with the
 // previous copies (reading every page id of the tile first was slower, NOTES 2, 9, 56).
-template <typename T, int kHeadDim, bool kRolled, bool kFiltered = false>
+template <typename T, int kHeadDim, bool kRolled, bool kFiltered = false, bool kSlabs = false>
 __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkItem& w, int key0,
                                              T* sK, T* sV, std::uint64_t policy, int lo = 0,
                                              int hi = 0, bool inside = false) {
@@ -82,8 +84,9 @@ __device__ __forceinline__ void load_kv_tile(const KernelParams& p, const WorkIt
   const auto wanted = [&](int key) { return !kFiltered || (key >= lo && key < hi) == inside; };
   const auto copy = [&](int row, std::uint64_t off, bool valid) {
     if (!wanted(key0 + row)) return;
-    const int s =
-        kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim : swizzled_offset<kHeadDim>(row, ch);
+    const int s = kSlabs                  ? slab_offset<kBlockN>(row, ch)
+                  : kRowsPerPass % 8 == 0 ? s0 + (row - row0) * kHeadDim
+                                          : swizzled_offset<kHeadDim>(row, ch);
     cp_async_16_policy(sK + s, k + off, valid, policy);
     cp_async_16_policy(sV + s, v + off, valid, policy);
   };

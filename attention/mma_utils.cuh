@@ -94,6 +94,14 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
+// The warpgroup extend body's tile layout (attend_wgmma.cuh): 64-column slabs, each rows x 128
+// bytes swizzled as swizzled_offset<64>, i.e. the wgmma 128-byte swizzle atom per slab. At head
+// dim 64 (one slab) it is swizzled_offset<64> itself.
+template <int kRows>
+__device__ __forceinline__ int slab_offset(int row, int chunk) {
+  return (chunk >> 3) * (kRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
 // 16-byte global->shared copy; when !valid the destination is zero-filled and nothing is read.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;

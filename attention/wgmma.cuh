@@ -1,12 +1,12 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the extend layout at head dim 64: shared-memory matrix
-// descriptors of the tiles kv_tile_copy.cuh writes, the m64n64k16 products the layout needs
+// Hopper warpgroup MMA (wgmma, sm_90a) for the extend layout (attend_wgmma.cuh): shared-memory
+// matrix descriptors of the tiles kv_tile_copy.cuh writes, the m64n64k16 products the layout needs
 // (S = Q K^T with both operands in shared memory, O += P V with P in registers), and the fences
 // around them.
 //
-// Why the tiles need no new layout: at head dim 64 a row is 128 bytes, and swizzled_offset's
-// chunk ^ (row % 8) is the hardware's 128-byte swizzle (address bits 4-6 XOR bits 7-9) as long as
-// each tile starts on a 1024-byte boundary. Q and K are then "K-major" operands (the reduction
-// dimension, head dim, contiguous), V an "MN-major" one (its N dimension, head dim, contiguous).
+// The tiles' 64-column slabs (one at head dim 64) have 128-byte rows, and their chunk ^ (row % 8)
+// is the hardware's 128-byte swizzle (address bits 4-6 XOR bits 7-9) as long as each slab starts
+// on a 1024-byte boundary. Q and K are then "K-major" operands (the reduction dimension, head dim,
+// contiguous), V an "MN-major" one (its N dimension, head dim, contiguous).
 #pragma once
 
 #include <cstdint>
