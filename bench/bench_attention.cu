@@ -15,7 +15,8 @@
 // graph of plan() + K run_planned() calls on K layers with their own K/V (K <= 16, cold after the
 // flush): the time attention adds to a decode step, without the one graph launch per call that
 // the first two columns include.
-// bytes = K + V read + Q + out; GB/s and % of the measured copy bandwidth; flops = 4 N L Hq D B.
+// bytes = K + V read + Q + out; GB/s and % of the measured copy bandwidth; flops = 4 Hq D B times
+// the causal (query, key) pairs of a request, N L - N (N - 1) / 2 (= L for decode).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -273,7 +274,9 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   r.bytes = 2.0 * b * static_cast<double>(l) * kHkv * g_head_dim * 2 + 2.0 * q_elems * 2;
   r.gbps = r.bytes / (r.us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
-  r.tflops = 4.0 * n * static_cast<double>(l) * kHq * g_head_dim * b / (r.us * 1e-6) / 1e12;
+  // Causal: query i of the n sees l - n + i + 1 keys, n l - n (n - 1) / 2 in all.
+  const double visible = static_cast<double>(n) * l - 0.5 * n * (n - 1.0);
+  r.tflops = 4.0 * visible * kHq * g_head_dim * b / (r.us * 1e-6) / 1e12;
   return r;
 }
 
