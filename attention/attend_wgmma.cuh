@@ -45,7 +45,7 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
   constexpr bool kSlabbed = kSlabs > 1;                 // at d64 the layout is swizzled_offset's
   constexpr unsigned kSlabBytes = 64 * 64 * sizeof(T);  // a 64-row tile's slab
   // Tile it + 1 lands in the stage of tile it - 2 while tile it - 1's O += P V may still run: its
-  // wait joins tile it's S wait instead of stalling the warpgroup on its own (bench/NOTES.md:
+  // wait joins tile it's S wait instead of stalling the warpgroup on its own (bench/NOTES.md 95:
   // 3 stages with 1 tile ahead and this deferred wait beat 3 stages with 2 ahead waiting in the
   // tile, and 4 stages with 2 ahead, whose larger shared memory also slowed the decode step).
   constexpr int kStages = C::kStages;

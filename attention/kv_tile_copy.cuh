@@ -57,9 +57,9 @@ __device__ __forceinline__ void load_q_tile(const KernelParams& p, const WorkIte
 // plan, page tables, partials and the next layer's inputs out of L2 (NOTES 31, 35).
 // kRolled: a rolled loop (the decode layout: less code to fetch cold), else unrolled (the extend
 // layout's schedule needs it). kSlabs: slab_offset's layout (the warpgroup body). kFiltered (early
-// start, p.early_kv): only the pieces whose key is
-// (`inside`) or is not (!`inside`) in [lo, hi), i.e. the rows the kernel before may still be
-// writing, or every other row; the others are not touched at all (another commit group fills them).
+// start, p.early_kv): only the pieces whose key is (`inside`) or is not (!`inside`) in [lo, hi),
+// i.e. the rows the kernel before may still be writing, or every other row; the others are not
+// touched at all (another commit group fills them).
 // Each piece looks its page id up just before its copy: the compiler overlaps each lookup with the
 // previous copies (reading every page id of the tile first was slower, NOTES 2, 9, 56).
 template <typename T, int kHeadDim, bool kRolled, bool kFiltered = false, bool kSlabs = false>
