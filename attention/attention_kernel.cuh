@@ -342,13 +342,50 @@ __device__ __forceinline__ void attend_extend_wgmma_or_mma(const KernelParams& p
   attend<T, kHeadDim, 1>(p, w, early, sQ, sK, sV, s_ml);
 }
 
+// An extend item of the wide-tile kernel (up to kWideRows rows): one 128-row warpgroup tile where
+// this build has the body (sm_90a) and the shared memory is aligned for it, else its two 64-row
+// halves one after the other on the mma.sync layout (the same rows and keys; kb, ke and pos0
+// narrowed to each half as fill_work_item would).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void attend_extend_wide(const KernelParams& p, const WorkItem& w,
+                                                   bool early, bool aligned, T* sQ, T* sK, T* sV,
+                                                   float* s_ml) {
+#if GD_ATTN_HAS_WGMMA
+  if constexpr (kWideExtend<kHeadDim>) {
+    if (aligned) {
+      attend_extend_wgmma<T, kHeadDim, 2>(p, w, early, sQ, sK, sV);
+      return;
+    }
+  }
+#endif
+  const int half_tokens = kMaxRows / p.call.group;
+  for (int h = 0; h < 2; ++h) {
+    WorkItem hw = w;
+    hw.tok0 = w.tok0 + h * half_tokens;
+    hw.tokens = min(half_tokens, w.tokens - h * half_tokens);
+    if (hw.tokens <= 0) break;
+    hw.rows = hw.tokens * p.call.group;
+    if (p.call.causal && w.kb < w.ke) {
+      hw.pos0 = w.pos0 + h * half_tokens;
+      hw.kb = max(w.kb, first_visible_key(hw.pos0, w.window));
+      hw.ke = min(w.ke, hw.pos0 + hw.tokens);
+    }
+    attend<T, kHeadDim, 1>(p, hw, early && h == 0, sQ, sK, sV, s_ml);
+    __syncthreads();  // the next half reloads Q and the stages
+  }
+}
+
 // kPersistent (attention_policy.h): a grid of at most one wave of resident CTAs that claim the
 // items past it (the loop below); else (d256, where the loop's registers spill) a grid of the work
 // capacity, one item per CTA.
-template <typename T, int kHeadDim>
+// kWide: extend items of up to kWideRows rows (the plan's tokens_per_tile is kWideRows / group):
+// half the K/V copies and barriers per product. A separate kernel because its registers (two
+// halves' accumulators) would cost the decode layouts a CTA per SM (PagedAttention picks it per
+// plan, paged_attention.cu).
+template <typename T, int kHeadDim, bool kWide = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_kernel(const __grid_constant__ KernelParams p) {
-  using C = TileConfig<kHeadDim>;
+  using C = TileConfig<kHeadDim, kWide ? kWideRows : kMaxRows>;
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
@@ -385,6 +422,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
       else if (w.q_len * p.call.group <= kDecodeRows)
         attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);
+      else if constexpr (kWide)
+        attend_extend_wide<T, kHeadDim>(p, w, early, wgmma_tiles_aligned(smem), sQ, sK, sV, s_ml);
       else if (GD_ATTN_HAS_WGMMA && kWgmmaExtend<kHeadDim> && wgmma_tiles_aligned(smem))
         attend_extend_wgmma_or_mma<T, kHeadDim>(p, w, early, sQ, sK, sV, s_ml);
       else

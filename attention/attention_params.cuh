@@ -14,6 +14,7 @@ namespace graphdecode::attn {
 constexpr int kThreads = 128;    // 4 warps per CTA
 constexpr int kBlockN = 64;      // keys per shared-memory tile; chunks are multiples of it
 constexpr int kMaxRows = 64;     // query rows (token x head-in-group) per CTA, extend layout
+constexpr int kWideRows = 128;   // ... in the wide-tile kernel (attention_kernel<T, D, true>)
 constexpr int kDecodeRows = 16;  // a tile of <= 16 rows runs the decode layout (warps split KV)
 constexpr int kPlanThreads = 256;
 constexpr int kNoSplit = 1 << 30;  // chunk size meaning "one chunk" (a multiple of kBlockN)
@@ -43,7 +44,7 @@ struct PlanParams {
   std::int32_t num_kv_heads;
   std::int32_t num_q_heads;
   std::int32_t group;
-  std::int32_t tokens_per_tile;  // extend layout: kMaxRows / group
+  std::int32_t tokens_per_tile;  // extend layout: kMaxRows / group (wide tiles: kWideRows / group)
   bool causal;
   bool deterministic;
   std::int32_t split_tokens;  // deterministic chunk size

@@ -121,6 +121,22 @@ inline constexpr bool kWgmmaExtend = GD_ATTN_WGMMA_EXTEND != 0 &&
                                      (kHeadDim == 64 ||
                                       (kHeadDim == 128 && GD_ATTN_WGMMA_EXTEND_D128 != 0));
 
+// Wide tiles: 128 query rows per CTA as two warpgroup halves that share each K/V tile
+// (attention_kernel<T, D, true>), head dim 64, for calls of at least kWideMinRows rows (query
+// tokens x group, from AttentionBatch::query_tokens_hint). Not at d128: two halves' accumulators
+// do not fit the registers. Provisional: to be measured (bench/NOTES.md 96).
+#ifndef GD_ATTN_WIDE_EXTEND
+#define GD_ATTN_WIDE_EXTEND 1
+#endif
+template <int kHeadDim>
+inline constexpr bool kWideExtend =
+    GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
+// 4096: 1,024 prompt tokens at group 4; below it the wide tiles make too few CTAs (provisional).
+#ifndef GD_ATTN_WIDE_MIN_ROWS
+#define GD_ATTN_WIDE_MIN_ROWS 4096
+#endif
+inline constexpr int kWideMinRows = GD_ATTN_WIDE_MIN_ROWS;
+
 // ---- split merge -------------------------------------------------------------------------------
 
 // Partial states loaded per batch (all loads of a batch issued before any is used).

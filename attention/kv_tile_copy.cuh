@@ -14,12 +14,13 @@
 
 namespace graphdecode::attn {
 
-// Shared-memory geometry of a CTA: Q (kMaxRows rows), then kStages stages of K and of V.
-template <int kHeadDim>
+// Shared-memory geometry of a CTA: Q (kQRows rows: kMaxRows, or kWideRows in the wide-tile
+// kernel), then kStages stages of K and of V.
+template <int kHeadDim, int kQRows = kMaxRows>
 struct TileConfig {
   static constexpr int kStages = kPipelineStages<kHeadDim>;  // attention_policy.h
   static constexpr int kChunksPerRow = kHeadDim / 8;         // 16-byte chunks per row
-  static constexpr int kQElems = kMaxRows * kHeadDim;
+  static constexpr int kQElems = kQRows * kHeadDim;
   static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
   static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
   // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.

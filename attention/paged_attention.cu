@@ -32,15 +32,20 @@ std::vector<unsigned long long> read_trace() {
 }
 #endif
 
+template <int kHeadDim, bool kWide>
+constexpr std::size_t smem_bytes() {
+  return TileConfig < kHeadDim, kWide ? kWideRows : kMaxRows > ::kSmemBytes;
+}
+
 // Allows the kernel its dynamic shared memory; returns how many of its CTAs fit on one SM.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kWide = false>
 int enable_smem() {
-  GD_CUDA(cudaFuncSetAttribute(attention_kernel<T, kHeadDim>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(TileConfig<kHeadDim>::kSmemBytes)));
+  const auto kernel = attention_kernel<T, kHeadDim, kWide>;
+  constexpr std::size_t bytes = smem_bytes<kHeadDim, kWide>();
+  GD_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)));
   int resident = 0;
-  GD_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &resident, attention_kernel<T, kHeadDim>, kThreads, TileConfig<kHeadDim>::kSmemBytes));
+  GD_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, bytes));
   return resident;
 }
 
@@ -50,19 +55,19 @@ int enable_smem() {
 // read or write, so the order of the stream is kept (bench/NOTES.md 13, 26). With p.early_kv
 // (run_planned(..., PriorWrites::kQueryAndNewKv)) it reads the work item and the older K/V tiles
 // before that wait (NOTES 49).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kWide>
 void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = TileConfig<kHeadDim>::kSmemBytes;
+  cfg.dynamicSmemBytes = smem_bytes<kHeadDim, kWide>();
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim>, kp));
+  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim, kWide>, kp));
   GD_CHECK_LAUNCH();
 }
 
@@ -111,6 +116,13 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
                                 [](auto t, auto d) { return enable_smem<decltype(t), d.value>(); });
   GD_REQUIRE(resident > 0, "head_dim", c.head_dim, "the attention kernel does not fit on an SM");
   target_ctas_ = (kTargetWaves > 0 ? kTargetWaves : resident) * sms;
+  // The wide-tile kernel (kWideExtend head dims): its own residency and target.
+  const int resident_wide = dispatch(c.dtype, c.head_dim, [](auto t, auto d) {
+    if constexpr (kWideExtend<d.value>) return enable_smem<decltype(t), d.value, true>();
+    return 0;
+  });
+  target_ctas_wide_ = (kTargetWaves > 0 ? kTargetWaves : resident_wide) * sms;
+  if (resident_wide <= 0) target_ctas_wide_ = 0;
 
   const long long tiles_cap = static_cast<long long>(c.max_batch) +
                               (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);
@@ -122,7 +134,8 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     max_chunks_ = kMaxAdaptiveChunks + 1;
     // Splitting a batch of `base` (tile, head) items into floor(target / base) chunks per span
     // gives at most that many plus one anchored extra per item: <= target + base work items.
-    max_work_ = tiles_cap * c.num_kv_heads + target_ctas_;
+    // (Wide tiles: half the tiles, a smaller target.)
+    max_work_ = tiles_cap * c.num_kv_heads + std::max(target_ctas_, target_ctas_wide_);
     max_partials_ = 3LL * target_ctas_ * kMaxRows;
   }
   GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
@@ -159,7 +172,13 @@ attn::PlanView PagedAttention::plan_view() const {
                         .item_request = b + (7 * n + 2)};  // [max_work]
 }
 
-attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch) const {
+bool PagedAttention::wide_tiles(const AttentionBatch& batch) const noexcept {
+  const long long rows = static_cast<long long>(batch.query_tokens_hint) *
+                         (config_.num_q_heads / config_.num_kv_heads);
+  return target_ctas_wide_ > 0 && rows >= attn::kWideMinRows;
+}
+
+attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool wide) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
@@ -174,35 +193,37 @@ attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch) const 
   pp.num_kv_heads = c.num_kv_heads;
   pp.num_q_heads = c.num_q_heads;
   pp.group = group;
-  pp.tokens_per_tile = kMaxRows / group;
+  pp.tokens_per_tile = (wide ? kWideRows : kMaxRows) / group;
   pp.causal = c.mode == AttentionMode::kCausal;
   pp.deterministic = c.deterministic;
   pp.split_tokens = split_tokens_;
-  pp.target_ctas = target_ctas_;
+  pp.target_ctas = wide ? target_ctas_wide_ : target_ctas_;
   pp.max_partials = max_partials_;
   pp.max_work = static_cast<std::int32_t>(max_work_);
   return pp;
 }
 
 void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
-  attn::plan_kernel<<<1, attn::kPlanThreads, 0, stream>>>(plan_params(batch));
+  const bool wide = wide_tiles(batch);
+  attn::plan_kernel<<<1, attn::kPlanThreads, 0, stream>>>(plan_params(batch, wide));
   GD_CHECK_LAUNCH();
+  planned_wide_ = wide;  // the plan's tiles; run_planned() launches the kernel for them
 }
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                                  void* out, float* lse, cudaStream_t stream,
                                  PriorWrites prior) const {
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, prior, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_wide_, prior, stream);
 }
 
 void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
                                       const void* q, void* out, float* lse, bool self_plan,
-                                      PriorWrites prior, cudaStream_t stream) const {
+                                      bool wide, PriorWrites prior, cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
   KernelParams kp{};
-  kp.call = plan_params(batch);  // checks the batch pointers
+  kp.call = plan_params(batch, wide);  // checks the batch pointers
   GD_REQUIRE(q != nullptr && out != nullptr, "q/out", "null", "query and output must be set");
   GD_REQUIRE(kv.num_kv_heads == c.num_kv_heads, "kv.num_kv_heads", kv.num_kv_heads,
              "does not match the attention config");
@@ -239,20 +260,30 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
     // One wave of resident CTAs at most; CTAs that finish claim the items past it (kPersistent).
     // A grid of the work capacity would launch CTAs that find no work, each of which still pays
     // its launch and the plan read (bench/NOTES.md 54).
+    const std::int64_t target = wide ? target_ctas_wide_ : target_ctas_;
     const std::int64_t grid =
-        kPersistent<d.value> ? std::min<std::int64_t>(max_work_, target_ctas_) : max_work_;
-    launch<decltype(t), d.value>(kp, static_cast<int>(grid), stream);
+        kPersistent<d.value> ? std::min<std::int64_t>(max_work_, target) : max_work_;
+    if constexpr (kWideExtend<d.value>) {
+      if (wide) {
+        launch<decltype(t), d.value, true>(kp, static_cast<int>(grid), stream);
+        return;
+      }
+    }
+    launch<decltype(t), d.value, false>(kp, static_cast<int>(grid), stream);
   });
 }
 
 void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                          void* out, float* lse, cudaStream_t stream) const {
   if (config_.max_batch <= attn::kThreads) {  // every CTA plans the batch itself (NOTES 18)
-    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, PriorWrites::kAnything, stream);
+    planned_wide_ = wide_tiles(batch);
+    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, planned_wide_,
+                     PriorWrites::kAnything, stream);
     return;
   }
   plan(batch, stream);
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, PriorWrites::kAnything, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_wide_,
+                   PriorWrites::kAnything, stream);
 }
 
 }  // namespace graphdecode

@@ -66,6 +66,11 @@ struct AttentionBatch {
   const std::int32_t* kv_len = nullptr;  // [max_batch] causal: prefix + extend; cross: encoder len
   const std::int32_t* window_left = nullptr;  // [1] this layer's window_left (< 0 = full);
                                               // nullptr = full. Ignored in cross mode.
+  // Host-side, never read on the device: about how many query tokens the call has (a prompt
+  // chunk's length; 0 = unknown or few). A call of many rows (tokens x group, see
+  // kWideMinRows in attention/attention_policy.h) runs 128-row query tiles at head dim 64: the
+  // same outputs, faster on long prompts. A plan and the runs over it use the plan's choice.
+  std::int32_t query_tokens_hint = 0;
 };
 
 struct AttentionConfig {
@@ -101,31 +106,39 @@ class PagedAttention {
   // kernel), then every layer of this attention kind calls run_planned() with the same `batch`
   // (same lengths and window; the K/V view, q and out change per layer). Both capture in a graph.
   // `prior`: see PriorWrites (a call right behind plan() must keep kAnything).
+  // run_planned() runs the tiles of the last plan() (batch.query_tokens_hint is read there).
   void plan(const AttentionBatch& batch, cudaStream_t stream) const;
   void run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q, void* out,
                    float* lse, cudaStream_t stream,
                    PriorWrites prior = PriorWrites::kAnything) const;
 
   const AttentionConfig& config() const noexcept { return config_; }
+  // Whether the last plan() or run() chose 128-row extend tiles (tests, benchmarks).
+  bool wide_tiles_chosen() const noexcept { return planned_wide_; }
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
 
  private:
   attn::PlanView plan_view() const;
-  attn::PlanParams plan_params(const AttentionBatch& batch) const;
+  // wide: 128-row extend tiles (wide_tiles(batch)).
+  attn::PlanParams plan_params(const AttentionBatch& batch, bool wide) const;
+  bool wide_tiles(const AttentionBatch& batch) const noexcept;
   // self_plan: no plan kernel, every CTA plans the batch itself; else the plan is in place.
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                        void* out, float* lse, bool self_plan, PriorWrites prior,
+                        void* out, float* lse, bool self_plan, bool wide, PriorWrites prior,
                         cudaStream_t stream) const;
   AttentionConfig config_;
-  std::int32_t split_tokens_ = 0;    // effective deterministic chunk size
-  std::int32_t target_ctas_ = 0;     // adaptive split-KV aims at about this many CTAs
-  std::int64_t max_chunks_ = 0;      // chunks per request at most
-  std::int64_t max_work_ = 0;        // work-list capacity = attention grid size
-  std::int64_t max_partials_ = 0;    // partial (token, head, chunk) capacity
-  DeviceBuffer<std::int32_t> plan_;  // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
-  DeviceBuffer<float> partial_o_;    // [max_partials][head_dim]
-  DeviceBuffer<float> partial_lse_;  // [max_partials]
+  std::int32_t split_tokens_ = 0;      // effective deterministic chunk size
+  std::int32_t target_ctas_ = 0;       // adaptive split-KV aims at about this many CTAs
+  std::int32_t target_ctas_wide_ = 0;  // ... in a wide-tile call (0: no wide kernel)
+  mutable bool planned_wide_ = false;  // the last plan() (or run()) chose wide tiles; run_planned
+                                       // follows the plan's choice
+  std::int64_t max_chunks_ = 0;        // chunks per request at most
+  std::int64_t max_work_ = 0;          // work-list capacity = attention grid size
+  std::int64_t max_partials_ = 0;      // partial (token, head, chunk) capacity
+  DeviceBuffer<std::int32_t> plan_;    // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
+  DeviceBuffer<float> partial_o_;      // [max_partials][head_dim]
+  DeviceBuffer<float> partial_lse_;    // [max_partials]
   // [max_work + 1] split-KV arrival counters, then the counter of work items claimed past the
   // grid; all 0 at rest.
   DeviceBuffer<std::int32_t> counters_;

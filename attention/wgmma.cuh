@@ -45,9 +45,13 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-// Waits for every committed wgmma group of this warpgroup.
+// Waits for every committed wgmma group of this warpgroup but the kPending newest.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wgmma_wait<0>();
 }
 // Redefines accumulator registers after a wait, so that the compiler does not move their reads
 // above it (it sees the wgmma's asm, not the hardware, write them).

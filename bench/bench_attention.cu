@@ -65,7 +65,8 @@ Device device_info() {
 // replays each). The graphs' replays alternate, so clock or power drift after a heavy shape
 // shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
 // between two graphs whose kernels ncu times equal).
-bool g_flush = true;  // --no-flush turns the L2 flush off, to tell cold-cache costs apart
+bool g_flush = true;      // --no-flush turns the L2 flush off, to tell cold-cache costs apart
+bool g_tile_hint = true;  // --narrow-tiles: no AttentionBatch::query_tokens_hint
 // Diagnosis of the paged-gather cost: --page N (default 16), and where a request's pages lie in
 // the pool (bench/NOTES.md 69, 71): shuffled over the whole pool (the table's), or
 // --shuffle-within N (shuffled inside aligned groups of N pool pages: near in address, far in DRAM
@@ -211,6 +212,8 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   batch.slot = d_slot.data();
   batch.q_start = d_qs.data();
   batch.kv_len = d_kv.data();
+  // The call's query tokens, as an engine's extend step gives them (wide tiles from 4096 rows).
+  batch.query_tokens_hint = g_tile_hint ? b * n : 0;
   PagedKvView kv;
   kv.k = ks[0].data();
   kv.v = vs[0].data();
@@ -364,6 +367,8 @@ int run_main(int argc, char** argv) {
         std::fprintf(stderr, "--shape wants B,L or B,L,N (positive)\n");
         return 2;
       }
+    } else if (a == "--narrow-tiles") {  // no query-token hint: 64-row extend tiles (A/B)
+      g_tile_hint = false;
     } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
       g_flush = false;
     } else if (a == "--page" && i + 1 < argc) {  // page size (diagnosis only)
@@ -395,7 +400,8 @@ int run_main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--no-flush] [--page N] [--ordered-pages | --reversed-pages | --shuffle-within N | "
+          "[--narrow-tiles] [--no-flush] [--page N] [--ordered-pages | --reversed-pages | "
+          "--shuffle-within N | "
           "--interleaved-pages] "
           "[--head-dim D]\n",
           argv[0]);

@@ -49,6 +49,12 @@ struct StepShape {
   std::int32_t tokens_per_request = 0;  // the key's N (speculative: k draft tokens)
 };
 
+// The attention planners' hint of a step's query tokens (AttentionBatch::query_tokens_hint): an
+// extend step's tokens (its prompt chunks), else 0 (decode-sized calls keep 64-row tiles).
+inline std::int32_t prompt_tokens_hint(const StepShape& shape) noexcept {
+  return shape.mode == StepMode::kExtend ? shape.token_capacity : 0;
+}
+
 class StepProgram {
  public:
   virtual ~StepProgram() = default;

@@ -83,9 +83,13 @@ AttentionBatch ModelRuntime::batch(AttentionKind k, const StepMetaView& meta) co
   return self_batch(meta, nullptr);
 }
 
-void ModelRuntime::plan(const StepMetaView& meta, cudaStream_t stream) const {
+void ModelRuntime::plan(const StepMetaView& meta, cudaStream_t stream,
+                        std::int32_t query_tokens_hint) const {
   for (int k = 0; k < kNumAttentionKinds; ++k) {
-    if (attention_[k]) attention_[k]->plan(batch(static_cast<AttentionKind>(k), meta), stream);
+    if (!attention_[k]) continue;
+    AttentionBatch b = batch(static_cast<AttentionKind>(k), meta);
+    b.query_tokens_hint = query_tokens_hint;
+    attention_[k]->plan(b, stream);
   }
 }
 

@@ -43,9 +43,14 @@ class ModelRuntime {
   ModelRuntime& operator=(const ModelRuntime&) = delete;
 
   // Capture-safe: one plan per attention kind present over `meta` (default: the step's prep
-  // block); after that block is written, before any layer of the phase.
-  void plan(cudaStream_t stream) const { plan(meta(), stream); }
-  void plan(const StepMetaView& meta, cudaStream_t stream) const;
+  // block); after that block is written, before any layer of the phase. query_tokens_hint: the
+  // phase's query tokens where the host knows them (prompt_tokens_hint(shape)), 0 otherwise: it
+  // picks the attention's tile size (AttentionBatch), which the phase's layers then follow.
+  void plan(cudaStream_t stream, std::int32_t query_tokens_hint = 0) const {
+    plan(meta(), stream, query_tokens_hint);
+  }
+  void plan(const StepMetaView& meta, cudaStream_t stream,
+            std::int32_t query_tokens_hint = 0) const;
   AttentionContext layer(std::int32_t layer) const { return this->layer(layer, meta()); }
   AttentionContext layer(std::int32_t layer, const StepMetaView& meta) const;
   // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype)

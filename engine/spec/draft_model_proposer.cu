@@ -27,7 +27,7 @@ DraftModelProposer::DraftModelProposer(ModelRuntime& runtime, LlamaModel& model,
 
 void DraftModelProposer::prefill(const StepMetaView& meta, const StepShape& shape,
                                  cudaStream_t stream) {
-  runtime_.plan(meta, stream);
+  runtime_.plan(meta, stream, prompt_tokens_hint(shape));
   model_.forward(runtime_, meta, shape, nullptr, stream);  // its cache follows the prompt
 }
 

@@ -114,7 +114,7 @@ void EagleProposer::prefill(const StepMetaView& meta, const StepShape& shape, cu
   const std::int32_t* aux = runtime_.step().input().device_view().aux;
   prep_.enqueue(meta, 1, 0, stream, aux + SamplingWords::kStartsAtHit, SamplingWords::kCount);
   const StepMetaView& x = prep_.extend();
-  runtime_.plan(x, stream);
+  runtime_.plan(x, stream, prompt_tokens_hint(shape));
   const HiddenInput in{nullptr, prep_.hidden_source(), target_states(), carry_.data()};
   head_.forward(runtime_, x, x.token_id, in, std::max(1, shape.token_capacity), 0, nullptr, stream);
   save_carry(meta, true, stream);  // after the head read the previous chunk's

@@ -56,7 +56,7 @@ void SpecStep::prefill(const StepShape& shape, cudaStream_t stream) {
   const StepMetaView& m = prep.device();
   const std::int32_t rows = std::clamp(shape.bucket, 1, max_batch_);
   prep.enqueue(stream);
-  target_rt_.plan(stream);
+  target_rt_.plan(stream, prompt_tokens_hint(shape));
   target_.forward(target_rt_, m, shape, nullptr, stream);
   proposer_->prefill(m, shape, stream);
   target_sampler_.enqueue(m, input_.device_view().aux, target_.logits(), rows, picks_.data(),

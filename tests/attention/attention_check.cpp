@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 
+#include "attention/attention_policy.h"
 #include "common/stream.h"
 
 namespace graphdecode::testing {
@@ -132,10 +133,12 @@ std::vector<Req> extend_reqs(Rng& rng, std::int32_t batch, std::int32_t min_q, s
 }
 
 Outputs run_eager(const PagedAttention& attn, DevicePagedBatch& dev, std::int32_t total_q,
-                  cudaStream_t stream, bool with_lse, bool with_window_ptr) {
+                  cudaStream_t stream, bool with_lse, bool with_window_ptr,
+                  std::int32_t query_tokens_hint) {
   dev.poison_outputs(stream);
-  attn.run(dev.batch(with_window_ptr), dev.view(), dev.q(), dev.out(),
-           with_lse ? dev.lse() : nullptr, stream);
+  AttentionBatch batch = dev.batch(with_window_ptr);
+  batch.query_tokens_hint = query_tokens_hint;
+  attn.run(batch, dev.view(), dev.q(), dev.out(), with_lse ? dev.lse() : nullptr, stream);
   Outputs o;
   o.out = dev.download_out(total_q, stream);
   if (with_lse) o.lse = dev.download_lse(total_q, stream);
@@ -193,6 +196,22 @@ std::string describe(const Shape& s, const std::vector<Req>& reqs, const CaseOpt
     return ::testing::AssertionFailure() << "test bug: window set but not passed";
   auto r =
       matches_reference(ref, got.out, opts.with_lse ? &got.lse : nullptr, shape.dtype, opts.tol);
+  if (r && opts.wide_tiles) {
+    if (attn.wide_tiles_chosen())
+      return ::testing::AssertionFailure() << "64-row run chose wide tiles";
+    const Outputs wide = run_eager(attn, dev, host.total_q(), stream, opts.with_lse,
+                                   opts.with_window_ptr, /*query_tokens_hint=*/1 << 24);
+    if ((shape.head_dim == 64 && attn::kWideExtend<64>) != attn.wide_tiles_chosen())
+      r = ::testing::AssertionFailure()
+          << "the hint chose wide tiles: " << attn.wide_tiles_chosen();
+    else
+      r = matches_reference(ref, wide.out, opts.with_lse ? &wide.lse : nullptr, shape.dtype,
+                            opts.tol);
+    if (r && opts.deterministic)
+      r = bitwise_equal(got, 0, wide, 0, host.total_q(), shape.num_q_heads * shape.head_dim,
+                        shape.num_q_heads);
+    if (!r) r << "\n  (wide tiles)";
+  }
   if (!r) r << "\n  case: " << describe(shape, reqs, opts);
   return r;
 }

@@ -55,8 +55,10 @@ struct Outputs {
 };
 
 // Poisons the outputs, runs attn eagerly on `dev`, downloads the first total_q rows.
+// query_tokens_hint: AttentionBatch::query_tokens_hint (0: 64-row extend tiles).
 Outputs run_eager(const PagedAttention& attn, DevicePagedBatch& dev, std::int32_t total_q,
-                  cudaStream_t stream, bool with_lse = true, bool with_window_ptr = true);
+                  cudaStream_t stream, bool with_lse = true, bool with_window_ptr = true,
+                  std::int32_t query_tokens_hint = 0);
 
 // Bitwise equality of rows [a_row, a_row + rows) of `a` and [b_row, ...) of `b` (out and lse).
 ::testing::AssertionResult bitwise_equal(const Outputs& a, std::int32_t a_row, const Outputs& b,
@@ -69,6 +71,10 @@ struct CaseOptions {
   std::int32_t split_tokens = 0;
   bool with_window_ptr = true;  // false: AttentionBatch::window_left = nullptr
   bool with_lse = true;
+  // Also run with AttentionBatch::query_tokens_hint set (128-row extend tiles at head dim 64):
+  // against the reference too, and bitwise against the 64-row run when deterministic (the same
+  // chunks; a row's key tiles and their order do not depend on the tile's height).
+  bool wide_tiles = false;
   Tolerance tol;
 };
 

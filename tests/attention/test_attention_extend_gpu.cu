@@ -75,6 +75,42 @@ TEST_F(AttentionExtend, HeadDim64Prefill) {
   }
 }
 
+// 128-row tiles (AttentionBatch::query_tokens_hint; head dim 64 on sm_90a: two warpgroup halves
+// that share each K/V tile): the float64 reference, and bitwise equal to 64-row tiles in
+// deterministic mode. GQA groups 4, 3 (126-row tiles, halves that cut a token's heads), 8 and 1,
+// tiles of one row to 128, prefixes across page and tile edges, windows, split chunks; head dim
+// 128 must keep 64-row tiles.
+TEST_F(AttentionExtend, WideTiles) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  for (bool det : {true, false}) {
+    CaseOptions o;
+    o.wide_tiles = true;
+    o.deterministic = det;
+    o.split_tokens = det ? 256 : 0;  // several chunks a request: the merge of wide partials
+    EXPECT_TRUE(run_case({8, 2, 64, 16, kBF16, kCausal},
+                         {extend(1200, 2000), extend(1, 1), extend(17, 63), extend(300, 1000),
+                          extend(64, 0), extend(129, 4096), extend(33, 15), extend(32, 0)},
+                         o, rng));
+    EXPECT_TRUE(
+        run_case({12, 4, 64, 16, kBF16, kCausal}, extend_reqs(rng, 5, 1, 400, 0, 2000), o, rng));
+    EXPECT_TRUE(
+        run_case({8, 8, 64, 16, kFP16, kCausal}, extend_reqs(rng, 4, 60, 300, 0, 2000), o, rng));
+    EXPECT_TRUE(
+        run_case({32, 8, 64, 16, kBF16, kCausal}, extend_reqs(rng, 3, 17, 700, 0, 1500), o, rng));
+    for (std::int32_t window : {1, 15, 16, 100, 700}) {
+      CaseOptions ow = o;
+      ow.fill = FillOptions{window, true};
+      EXPECT_TRUE(run_case({8, 2, 64, 16, kBF16, kCausal},
+                           {extend(900, 300), extend(65, 2000), extend(window + 5, 40)}, ow, rng));
+    }
+  }
+  CaseOptions o128;
+  o128.wide_tiles = true;
+  EXPECT_TRUE(
+      run_case({8, 2, 128, 16, kBF16, kCausal}, {extend(300, 100), extend(40, 0)}, o128, rng));
+}
+
 TEST_F(AttentionExtend, TargetVerify) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
