@@ -161,7 +161,15 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
       cp_async_wait<kHalves == 2 ? kAhead - 1 : kAhead>();
     }
     fence_proxy_async_shared();  // this thread's copies, to the wgmma's (async) proxy
+    // Two halves, kWideDeferPv: tile it - 1's last O += P V ran beside the copy wait; its wait
+    // comes before the barrier that orders the refill of its stage (at the end of this tile).
+    if constexpr (kHalves == 2 && kWideDeferPv) wgmma_wait<0>();
     __syncthreads();
+    if constexpr (kHalves == 2 && kWideDeferPv) {
+      wgmma_fence_operands(p_frag);
+#pragma unroll
+      for (int h = 0; h < kSlabs; ++h) wgmma_fence_operands(o[kHalves - 1][h]);
+    }
     const int st = it % kStages;
     const std::uint32_t k_addr = smem_addr(sK + st * kBlockN * kHeadDim);
     const std::uint32_t v_addr = smem_addr(sV + st * kBlockN * kHeadDim);
@@ -269,9 +277,11 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
       issue_pv(1);
       // Tile it - 1's stage: every warp waited for its products before this tile's barrier.
       load_ahead(it);
-      wgmma_wait<0>();
-      wgmma_fence_operands(p_frag);
-      fence_half(1);
+      if constexpr (!kWideDeferPv) {
+        wgmma_wait<0>();
+        wgmma_fence_operands(p_frag);
+        fence_half(1);
+      }
     } else {
       issue_pv(0);  // waited for with the next tile's S, or after the loop
       // Every warp is past its wait for tile it - 1's P V, whose stage the next iteration refills.

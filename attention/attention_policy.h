@@ -131,11 +131,24 @@ inline constexpr bool kWgmmaExtend = GD_ATTN_WGMMA_EXTEND != 0 &&
 template <int kHeadDim>
 inline constexpr bool kWideExtend =
     GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
+// The wide body waits for a tile's last O += P V at the next tile's copy wait (1) or right after
+// the copies it issues behind it (0). Provisional (bench/NOTES.md 96).
+#ifndef GD_ATTN_WIDE_DEFER_PV
+#define GD_ATTN_WIDE_DEFER_PV 1
+#endif
+inline constexpr bool kWideDeferPv = GD_ATTN_WIDE_DEFER_PV != 0;
 // 4096: 1,024 prompt tokens at group 4; below it the wide tiles make too few CTAs (provisional).
 #ifndef GD_ATTN_WIDE_MIN_ROWS
 #define GD_ATTN_WIDE_MIN_ROWS 4096
 #endif
 inline constexpr int kWideMinRows = GD_ATTN_WIDE_MIN_ROWS;
+
+// Work items of a request in the order longest query tile first (heads inner), else heads outer
+// and tiles in order. Provisional (bench/NOTES.md 96).
+#ifndef GD_ATTN_LPT
+#define GD_ATTN_LPT 1
+#endif
+inline constexpr bool kLongestTilesFirst = GD_ATTN_LPT != 0;
 
 // ---- split merge -------------------------------------------------------------------------------
 

@@ -42,8 +42,18 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   w.request = src.request;
   const int head_tile = udiv(local, chunks);  // local >= 0
   w.chunk = local - head_tile * chunks;
-  w.kv_head = udiv(head_tile, tiles);
-  const int tile = head_tile - w.kv_head * tiles;
+  int tile;
+  if constexpr (kLongestTilesFirst) {
+    // Heads inner, query tiles outer from the last: a causal request's longest tiles (most keys)
+    // are claimed first, so the short ones fill the last wave (the merge counts chunks per (head,
+    // tile): the chunks stay innermost).
+    const int rev = udiv(head_tile, p.kv.num_kv_heads);
+    w.kv_head = head_tile - rev * p.kv.num_kv_heads;
+    tile = tiles - 1 - rev;
+  } else {
+    w.kv_head = udiv(head_tile, tiles);
+    tile = head_tile - w.kv_head * tiles;
+  }
   w.q_begin = src.q_begin;
   w.q_len = src.q_len;
   w.kv_len = src.kv_len;
