@@ -124,7 +124,8 @@ inline constexpr bool kWgmmaExtend = GD_ATTN_WGMMA_EXTEND != 0 &&
 // Wide tiles: 128 query rows per CTA as two warpgroup halves that share each K/V tile
 // (attention_kernel<T, D, true>), head dim 64, for calls of at least kWideMinRows rows (query
 // tokens x group, from AttentionBatch::query_tokens_hint). Not at d128: two halves' accumulators
-// do not fit the registers. Provisional: to be measured (bench/NOTES.md 96).
+// do not fit the registers. 1: bench/NOTES.md 96, H100, d64 q 2048 on 8192 keys 395 us vs 437
+// narrow (both longest tiles first; main 495); Llama-1B prefill 8192 tokens 44.3% -> 47.3%.
 #ifndef GD_ATTN_WIDE_EXTEND
 #define GD_ATTN_WIDE_EXTEND 1
 #endif
@@ -132,19 +133,22 @@ template <int kHeadDim>
 inline constexpr bool kWideExtend =
     GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
 // The wide body waits for a tile's last O += P V at the next tile's copy wait (1) or right after
-// the copies it issues behind it (0). Provisional (bench/NOTES.md 96).
+// the copies it issues behind it (0). 1: bench/NOTES.md 96, H100, q 2048 on 8192 keys 395.2 /
+// 396.5 us vs 397.2 / 396.8; 16 x 2048 on 2048 1087.8 / 1093.4 vs 1094.3 / 1094.1 (noise level).
 #ifndef GD_ATTN_WIDE_DEFER_PV
 #define GD_ATTN_WIDE_DEFER_PV 1
 #endif
 inline constexpr bool kWideDeferPv = GD_ATTN_WIDE_DEFER_PV != 0;
-// 4096: 1,024 prompt tokens at group 4; below it the wide tiles make too few CTAs (provisional).
+// 8192: bench/NOTES.md 96, H100, d64 at group 4 (longest tiles first): q 2048 on 2048 keys 76.5 us
+// wide vs 80.1 narrow; q 1024 on 1024 keys 37.4 wide vs 30.4 narrow (too few CTAs).
 #ifndef GD_ATTN_WIDE_MIN_ROWS
-#define GD_ATTN_WIDE_MIN_ROWS 4096
+#define GD_ATTN_WIDE_MIN_ROWS 8192
 #endif
 inline constexpr int kWideMinRows = GD_ATTN_WIDE_MIN_ROWS;
 
 // Work items of a request in the order longest query tile first (heads inner), else heads outer
-// and tiles in order. Provisional (bench/NOTES.md 96).
+// and tiles in order. 1: bench/NOTES.md 96, H100, d64 narrow q 2048 on 2048 keys 80.0 us vs 97.9,
+// q 1024 on 1024 30.4 vs 40.1; d128 q 2048 on 8192 734.7 vs 794.2.
 #ifndef GD_ATTN_LPT
 #define GD_ATTN_LPT 1
 #endif
