@@ -67,6 +67,7 @@ struct KernelParams {
   std::int32_t* work_counter;  // [1] items claimed past the grid (attention_kernel); 0 at rest
   FastDivmod page_div;         // by kv.page_size
   FastDivmod group_div;        // by call.group
+  FastDivmod kv_heads_div;     // by kv.num_kv_heads (work item order, work_item.cuh)
   float scale_log2;            // sm_scale * log2(e)
   // Standalone run() with max_batch <= kThreads: no planner launch; every CTA plans the batch
   // itself from `call` (the plan buffers are neither read nor written).

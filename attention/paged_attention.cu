@@ -253,6 +253,7 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
   const float sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   kp.page_div = FastDivmod::make(static_cast<std::uint32_t>(kv.page_size));
   kp.group_div = FastDivmod::make(static_cast<std::uint32_t>(kp.call.group));
+  kp.kv_heads_div = FastDivmod::make(static_cast<std::uint32_t>(kv.num_kv_heads));
   kp.scale_log2 = sm_scale * 1.4426950408889634f;
   kp.self_plan = self_plan;
   kp.early_kv = prior == PriorWrites::kQueryAndNewKv && c.mode == AttentionMode::kCausal;

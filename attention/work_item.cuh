@@ -43,11 +43,12 @@ __device__ __forceinline__ bool fill_work_item(const KernelParams& p, int item,
   const int head_tile = udiv(local, chunks);  // local >= 0
   w.chunk = local - head_tile * chunks;
   int tile;
-  if (kLongestTilesFirst && tiles > 1) {
+  if constexpr (kLongestTilesFirst) {
     // Heads inner, query tiles outer from the last: a causal request's longest tiles (most keys)
     // are claimed first, so the short ones fill the last wave (the merge counts chunks per (head,
-    // tile): the chunks stay innermost). A decode request (one tile) keeps the plain form.
-    const int rev = udiv(head_tile, p.kv.num_kv_heads);
+    // tile): the chunks stay innermost). The division is by a constant of the call (FastDivmod):
+    // this code is fetched cold by every CTA of a decode step (bench/NOTES.md 96).
+    const int rev = p.kv_heads_div.div(head_tile);
     w.kv_head = head_tile - rev * p.kv.num_kv_heads;
     tile = tiles - 1 - rev;
   } else {
