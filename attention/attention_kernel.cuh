@@ -351,7 +351,7 @@ __device__ __forceinline__ void attend_extend_wide(const KernelParams& p, const 
                                                    bool early, bool aligned, T* sQ, T* sK, T* sV,
                                                    float* s_ml) {
 #if GD_ATTN_HAS_WGMMA
-  if constexpr (kWideExtend<kHeadDim>) {
+  if constexpr (kWideExtend<kHeadDim> && !kWideForceHalves) {
     if (aligned) {
       attend_extend_wgmma<T, kHeadDim, 2>(p, w, early, sQ, sK, sV);
       return;
@@ -365,10 +365,12 @@ __device__ __forceinline__ void attend_extend_wide(const KernelParams& p, const 
     hw.tokens = min(half_tokens, w.tokens - h * half_tokens);
     if (hw.tokens <= 0) break;
     hw.rows = hw.tokens * p.call.group;
-    if (p.call.causal && w.kb < w.ke) {
+    if (p.call.causal) {
       hw.pos0 = w.pos0 + h * half_tokens;
-      hw.kb = max(w.kb, first_visible_key(hw.pos0, w.window));
-      hw.ke = min(w.ke, hw.pos0 + hw.tokens);
+      if (w.kb < w.ke) {
+        hw.kb = max(w.kb, first_visible_key(hw.pos0, w.window));
+        hw.ke = min(w.ke, hw.pos0 + hw.tokens);
+      }
     }
     attend<T, kHeadDim, 1>(p, hw, early && h == 0, sQ, sK, sV, s_ml);
     __syncthreads();  // the next half reloads Q and the stages

@@ -132,6 +132,12 @@ inline constexpr bool kWgmmaExtend = GD_ATTN_WGMMA_EXTEND != 0 &&
 template <int kHeadDim>
 inline constexpr bool kWideExtend =
     GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
+// Test builds only: the wide kernel runs every 128-row item as its two 64-row halves on mma.sync
+// (the path of builds without sm_90a), so that path runs on a Hopper too.
+#ifndef GD_ATTN_WIDE_FORCE_HALVES
+#define GD_ATTN_WIDE_FORCE_HALVES 0
+#endif
+inline constexpr bool kWideForceHalves = GD_ATTN_WIDE_FORCE_HALVES != 0;
 // The wide body waits for a tile's last O += P V at the next tile's copy wait (1) or right after
 // the copies it issues behind it (0). 1: bench/NOTES.md 96, H100, q 2048 on 8192 keys 395.2 /
 // 396.5 us vs 397.2 / 396.8; 16 x 2048 on 2048 1087.8 / 1093.4 vs 1094.3 / 1094.1 (noise level).
