@@ -47,8 +47,8 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
   static_assert(kHeadDim == 64 || kHeadDim == 128, "64-column slabs of a 64-row tile");
   static_assert(kHalves == 1 || (kHalves == 2 && kHeadDim == 64),
                 "128-row tiles at head dim 64 only (registers)");
-  using C = TileConfig<kHeadDim>;
   constexpr int kQRows = 64 * kHalves;
+  using C = TileConfig<kHeadDim, kQRows>;               // the wide kernel's stages with two halves
   constexpr int kSlabs = kHeadDim / 64;                 // 64-column slabs (slab_offset)
   constexpr bool kSlabbed = kSlabs > 1;                 // at d64 the layout is swizzled_offset's
   constexpr unsigned kSlabBytes = 64 * 64 * sizeof(T);  // a 64-row tile's slab

@@ -132,6 +132,12 @@ inline constexpr bool kWgmmaExtend = GD_ATTN_WGMMA_EXTEND != 0 &&
 template <int kHeadDim>
 inline constexpr bool kWideExtend =
     GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
+// K/V stages of the wide kernel (its copies run kWideStages - 1 tiles ahead). 3: the first
+// version's; 4 (80 KB of shared memory, still 2 CTAs an SM) not measured yet (.carry/NEXT.md).
+#ifndef GD_ATTN_WIDE_STAGES
+#define GD_ATTN_WIDE_STAGES 3
+#endif
+inline constexpr int kWideStages = GD_ATTN_WIDE_STAGES;
 // Test builds only: the wide kernel runs every 128-row item as its two 64-row halves on mma.sync
 // (the path of builds without sm_90a), so that path runs on a Hopper too.
 #ifndef GD_ATTN_WIDE_FORCE_HALVES

@@ -18,8 +18,9 @@ namespace graphdecode::attn {
 // kernel), then kStages stages of K and of V.
 template <int kHeadDim, int kQRows = kMaxRows>
 struct TileConfig {
-  static constexpr int kStages = kPipelineStages<kHeadDim>;  // attention_policy.h
-  static constexpr int kChunksPerRow = kHeadDim / 8;         // 16-byte chunks per row
+  static constexpr int kStages =  // attention_policy.h
+      kQRows > kMaxRows ? kWideStages : kPipelineStages<kHeadDim>;
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kQElems = kQRows * kHeadDim;
   static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
   static constexpr size_t kSmemBytes = 2 * (kQElems + 2 * kKVElems);
