@@ -131,15 +131,15 @@ __device__ __forceinline__ void attend_extend_wgmma(const KernelParams& p, const
             kv_policy, new_begin, w.ke, true);
       cp_async_commit();
     }
-    // Tile it + kAhead, into the stage of tile it + kAhead - kStages (one half: before this
+    // Tile from + kAhead, into the stage of tile from + kAhead - kStages (one half: before this
     // tile's products; two halves: the prologue's tiles here, the others after the products).
-    const auto load_ahead = [&](int it) {
-      const int nxt = it + kAhead;
+    const auto load_ahead = [&](int from) {
+      const int nxt = from + kAhead;
       if (nxt < n_tiles) {
         const int st = nxt % kStages;
         T* k_dst = sK + st * kBlockN * kHeadDim;
         T* v_dst = sV + st * kBlockN * kHeadDim;
-        if (early && it < 0)
+        if (early && from < 0)
           load_kv_tile<T, kHeadDim, true, true, kSlabbed>(p, w, key_begin + nxt * kBlockN, k_dst,
                                                           v_dst, kv_policy, new_begin, w.ke, false);
         else

@@ -387,7 +387,7 @@ __device__ __forceinline__ void attend_extend_wide(const KernelParams& p, const 
 template <typename T, int kHeadDim, bool kWide = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_kernel(const __grid_constant__ KernelParams p) {
-  using C = TileConfig<kHeadDim, kWide ? kWideRows : kMaxRows>;
+  using C = KernelTiles<kHeadDim, kWide>;
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;

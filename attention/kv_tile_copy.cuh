@@ -27,6 +27,9 @@ struct TileConfig {
   // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
   static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
 };
+// The geometry of attention_kernel<T, kHeadDim, kWide> (kWide: 128-row extend tiles).
+template <int kHeadDim, bool kWide>
+using KernelTiles = TileConfig<kHeadDim, kWide ? kWideRows : kMaxRows>;
 
 // Copies the query tile of an item into sQ: row R = (token R / group, head kv_head * group +
 // R % group), rows past w.rows zero-filled. kSlabs: slab_offset's layout (the warpgroup body).

@@ -32,16 +32,11 @@ std::vector<unsigned long long> read_trace() {
 }
 #endif
 
-template <int kHeadDim, bool kWide>
-constexpr std::size_t smem_bytes() {
-  return TileConfig < kHeadDim, kWide ? kWideRows : kMaxRows > ::kSmemBytes;
-}
-
 // Allows the kernel its dynamic shared memory; returns how many of its CTAs fit on one SM.
 template <typename T, int kHeadDim, bool kWide = false>
 int enable_smem() {
   const auto kernel = attention_kernel<T, kHeadDim, kWide>;
-  constexpr std::size_t bytes = smem_bytes<kHeadDim, kWide>();
+  constexpr std::size_t bytes = KernelTiles<kHeadDim, kWide>::kSmemBytes;
   GD_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(bytes)));
   int resident = 0;
@@ -60,7 +55,7 @@ void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes<kHeadDim, kWide>();
+  cfg.dynamicSmemBytes = KernelTiles<kHeadDim, kWide>::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
