@@ -47,10 +47,12 @@ struct PlanParams {
   std::int32_t tokens_per_tile;  // extend layout: kMaxRows / group (wide tiles: kWideRows / group)
   bool causal;
   bool deterministic;
-  std::int32_t split_tokens;  // deterministic chunk size
-  std::int32_t target_ctas;   // adaptive mode: split until about this many CTAs
-  std::int64_t max_partials;  // capacity of the partial buffers (entries)
-  std::int32_t max_work;      // capacity of the work list (CTAs of the attention grid)
+  std::int32_t split_tokens;   // deterministic chunk size
+  std::int32_t target_ctas;    // adaptive mode: split until about this many CTAs
+  std::int32_t wave_chunks;    // adaptive mode past one wave: at most this many chunks (1 = off)
+  std::int32_t wave_min_keys;  // ...of at least this many keys (a multiple of kBlockN)
+  std::int64_t max_partials;   // capacity of the partial buffers (entries)
+  std::int32_t max_work;       // capacity of the work list (CTAs of the attention grid)
 };
 
 struct KernelParams {

@@ -117,22 +117,62 @@ __device__ __forceinline__ int block_sum(int v, int* s_warp /*[kBlock/32]*/) {
   return total;
 }
 
-// Adaptive mode: chunks per request so that the batch's `total_base` unsplit CTAs become about
-// target_ctas. Floor, not ceil: anchored chunking may add one chunk, and one wave of CTAs beats a
-// wave and a bit.
-__device__ __forceinline__ int adaptive_chunk_count(const PlanParams& p, int total_base) {
-  if (p.deterministic || total_base <= 0 || total_base >= p.target_ctas) return 1;
-  return min(kMaxAdaptiveChunks, max(1, udiv(p.target_ctas, total_base)));
+// Adaptive mode's split of a batch: chunks per request, and the shortest chunk it may cut.
+struct AdaptiveSplit {
+  int chunks = 1;                  // per request (anchored chunking may add one)
+  int min_keys = kMinSplitTokens;  // no chunk shorter (a multiple of kBlockN)
+  bool wave = false;               // the wave split's chunks (chunk_size_for)
+};
+
+// A batch of `total_base` unsplit CTAs:
+// * under one wave (target_ctas): chunks per request so that it becomes about target_ctas. Floor,
+//   not ceil: anchored chunking may add one chunk, and one wave of CTAs beats a wave and a bit.
+// * from one wave to kWaveSplitMaxWaves: the CTAs run in rounds of target_ctas, and a last round
+//   of fewer than kWaveTailShare of a wave takes as long as that share (too few CTAs per SM to
+//   keep the memory busy). The chunk count up to p.wave_chunks with the least predicted time per
+//   chunk, where it beats fewer chunks by 1/kWaveSplitGain. d64 Llama-1B B = 64: 512 items on
+//   396 resident CTAs leave a last round of 116.
+__device__ __forceinline__ int wave_rounds_time(int items, int target) {
+  const int full = udiv(items, target), tail = items - full * target;
+  return full * target + (tail > 0 ? max(tail, target * kWaveTailShare / 100) : 0);
+}
+
+__device__ __forceinline__ AdaptiveSplit adaptive_split(const PlanParams& p, int total_base) {
+  AdaptiveSplit a;
+  if (p.deterministic || total_base <= 0) return a;
+  if (total_base < p.target_ctas) {
+    a.chunks = min(kMaxAdaptiveChunks, max(1, udiv(p.target_ctas, total_base)));
+    return a;
+  }
+  if (p.wave_chunks <= 1 || total_base >= kWaveSplitMaxWaves * p.target_ctas) return a;
+  // total_base x wave_chunks < kWaveSplitMaxWaves x kMaxWaveSplitChunks x target_ctas: int.
+  int best = 1, best_time = wave_rounds_time(total_base, p.target_ctas);
+  for (int c = 2; c <= p.wave_chunks; ++c) {
+    const int time = wave_rounds_time(total_base * c, p.target_ctas);
+    // time / c < best_time / best x (1 - 1/kWaveSplitGain), multiplied out
+    if (time * best * kWaveSplitGain < best_time * c * (kWaveSplitGain - 1)) {
+      best = c;
+      best_time = time;
+    }
+  }
+  a.chunks = best;
+  a.min_keys = p.wave_min_keys;
+  a.wave = best > 1;
+  return a;
 }
 
 // Keys per chunk of one request (kNoSplit = one chunk).
 __device__ __forceinline__ int chunk_size_for(const PlanParams& p, const RequestShape& s,
-                                              int adaptive_chunks) {
+                                              const AdaptiveSplit& a) {
   if (p.deterministic) return p.split_tokens;
-  if (adaptive_chunks <= 1 || s.last_key < s.first_key) return kNoSplit;
+  if (a.chunks <= 1 || s.last_key < s.first_key) return kNoSplit;
   const int span = s.last_key - s.first_key + 1;
-  const int per = udiv(span + adaptive_chunks - 1, adaptive_chunks);
-  const int chunk = max(kMinSplitTokens, round_up_tile(per));
+  if (a.wave) {  // as many chunks as fit min_keys each, up to a.chunks: no short remainder
+    const int n = min(a.chunks, udiv(span, a.min_keys));
+    return n <= 1 ? kNoSplit : round_up_tile(udiv(span + n - 1, n));
+  }
+  const int per = udiv(span + a.chunks - 1, a.chunks);
+  const int chunk = max(a.min_keys, round_up_tile(per));
   // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
   return max(chunk,
              min(kFineChunkTokens, round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks)));
@@ -142,8 +182,9 @@ __device__ __forceinline__ int chunk_size_for(const PlanParams& p, const Request
 // request base + i). Offsets are absolute (the carries of earlier rounds included).
 // Counts are ints: request_shape keeps every request within the capacities, so item and partial
 // sums stay under max_work / max_partials (< 2^31, checked at construction) in deterministic mode,
-// and adaptive mode splits only batches of fewer than target_ctas unsplit items (< 65 x 64 x
-// target_ctas partial entries).
+// and adaptive mode splits only batches of fewer than kWaveSplitMaxWaves x target_ctas unsplit
+// items, into at most kMaxAdaptiveChunks + 1 chunks under one wave and kMaxWaveSplitChunks + 1
+// above it (< 2^31 partial entries for any target_ctas an attention config can have).
 struct RequestPlan {
   int chunk = kNoSplit;  // keys per chunk
   int chunks = 0;        // 0: the request gets no work (no tiles, or past the work capacity)
@@ -156,11 +197,11 @@ struct RequestPlan {
 // carries, the totals its own counts), the same plan as a block pass with one live thread.
 template <int kBlock, bool kAlone = false>
 __device__ __forceinline__ RequestPlan plan_round(const PlanParams& p, bool live,
-                                                  const RequestShape& s, int adaptive_chunks,
+                                                  const RequestShape& s, const AdaptiveSplit& split,
                                                   int parts_carry, int items_carry,
                                                   int& parts_total, int& items_total, int* s_warp) {
   RequestPlan rp;
-  rp.chunk = live ? chunk_size_for(p, s, adaptive_chunks) : kNoSplit;
+  rp.chunk = live ? chunk_size_for(p, s, split) : kNoSplit;
   int chunks = live ? chunks_of(s, rp.chunk) : 0;
   const int parts = chunks > 1 ? chunks * s.q_len * p.num_q_heads : 0;
   if constexpr (kAlone) {
@@ -210,7 +251,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
       total_base += block_sum<kPlanThreads>(r < n ? shape_of(r).tiles * p.num_kv_heads : 0, s_sum);
     }
   }
-  const int adaptive_chunks = adaptive_chunk_count(p, total_base);
+  const AdaptiveSplit split = adaptive_split(p, total_base);
 
   // Pass 2: chunking, partial offsets and work offsets, request by request in rounds.
   int items_carry = 0, parts_carry = 0;
@@ -218,8 +259,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constan
     const int r = base + threadIdx.x;
     const RequestShape s = r < n ? shape_of(r) : RequestShape{};
     int parts_total = 0, items_total = 0;
-    const RequestPlan rp = plan_round<kPlanThreads>(p, r < n, s, adaptive_chunks, parts_carry,
-                                                    items_carry, parts_total, items_total, s_warp);
+    const RequestPlan rp = plan_round<kPlanThreads>(p, r < n, s, split, parts_carry, items_carry,
+                                                    parts_total, items_total, s_warp);
     if (r < n) {
       p.plan.item_start[r] = min(rp.item_off, p.max_work);
       p.plan.num_tiles[r] = rp.tiles;

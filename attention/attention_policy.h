@@ -63,6 +63,36 @@ inline constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
 #endif
 inline constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
 
+// A batch of more unsplit items than one wave of resident CTAs (B x KV heads >= SMs x CTAs per
+// SM at decode) is cut into up to kWaveSplitChunks chunks per request where that shortens its
+// rounds of CTAs by 1/kWaveSplitGain (attention_plan.cuh adaptive_split), into chunks of at least
+// kWaveSplitMinKeys keys; 1 chunk = off. Head dims with the persistent grid only (the others'
+// grid is the work capacity, which the split grows). AttentionConfig may override both.
+// 3 / 1024: NOTES 54 (b) and 97: d64 B=64 L=4096 per layer of a step 205.8 -> 183.8 us (H100,
+// t60); chunks of 384-512 keys leave d64's narrow layout (kNarrowMinKeys) and lost at L=1024
+// (54.0 -> 55.6 us at 3 x >= 512).
+#ifndef GD_ATTN_WAVE_SPLIT_CHUNKS
+#define GD_ATTN_WAVE_SPLIT_CHUNKS 3
+#endif
+inline constexpr int kWaveSplitChunks = GD_ATTN_WAVE_SPLIT_CHUNKS;
+#ifndef GD_ATTN_WAVE_SPLIT_MIN_KEYS
+#define GD_ATTN_WAVE_SPLIT_MIN_KEYS 1024
+#endif
+inline constexpr int kWaveSplitMinKeys = GD_ATTN_WAVE_SPLIT_MIN_KEYS;
+// The rule's model: a last round of CTAs smaller than kWaveTailShare percent of a wave takes as
+// long as that share. 55: NOTES 97 (t60, H100, d64): a last round of 0.29 wave (B=64, 512 items)
+// took ~0.54 wave's time, one of 0.59 (B=128) ~0.64, one lone round of 0.65 (B=32) ~0.73; so B=128
+// (2.59 waves) is left whole (split in 3 it ran 0.7% longer) and a batch of half a wave to one
+// wave is not split (B=32 L=4096 in 3: 99.2 -> 94.4 us per layer, but 101.4 -> 103.5 per call).
+inline constexpr int kWaveTailShare = 55;
+// Structural bounds: chunks the rule may be set to, and the waves past which a batch's last round
+// is a small share of its time and it is left alone.
+inline constexpr int kMaxWaveSplitChunks = 4;
+inline constexpr int kWaveSplitMaxWaves = 8;
+// 10%: the split's merges cost what the model leaves out (B=64 L=4096: predicted -16%, ran -11%).
+inline constexpr int kWaveSplitGain = 10;
+static_assert(kWaveSplitChunks >= 1 && kWaveSplitChunks <= kMaxWaveSplitChunks);
+
 // Deterministic mode's chunk size when AttentionConfig::split_tokens is 0 (keys).
 // 1024: first version's, not swept (NOTES 92: verify B=64 L=8192 N=4 756.8 us vs 718.9 adaptive).
 inline constexpr int kDefaultSplitTokens = 1024;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -101,6 +103,27 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   GD_REQUIRE(c.split_tokens >= 0 && c.split_tokens % kBlockN == 0, "split_tokens", c.split_tokens,
              "must be a non-negative multiple of 64");
   split_tokens_ = c.split_tokens > 0 ? c.split_tokens : kDefaultSplitTokens;
+  GD_REQUIRE(c.wave_split_chunks >= 0 && c.wave_split_chunks <= kMaxWaveSplitChunks,
+             "wave_split_chunks", c.wave_split_chunks, "must be 0 (default) to 4");
+  GD_REQUIRE(c.wave_split_min_keys >= 0 && c.wave_split_min_keys % kBlockN == 0,
+             "wave_split_min_keys", c.wave_split_min_keys,
+             "must be 0 (default) or a positive multiple of 64");
+  wave_chunks_ = c.wave_split_chunks > 0 ? c.wave_split_chunks : kWaveSplitChunks;
+  wave_min_keys_ = c.wave_split_min_keys > 0 ? c.wave_split_min_keys : kWaveSplitMinKeys;
+  if (c.wave_split_chunks == 0 && c.wave_split_min_keys == 0) {
+    if (const char* env = std::getenv("GRAPHDECODE_ATTN_WAVE_SPLIT")) {  // "chunks,min_keys"
+      int chunks = 0, keys = 0;
+      GD_REQUIRE(std::sscanf(env, "%d,%d", &chunks, &keys) == 2 && chunks >= 1 &&
+                     chunks <= kMaxWaveSplitChunks && keys > 0 && keys % kBlockN == 0,
+                 "GRAPHDECODE_ATTN_WAVE_SPLIT", env,
+                 "must be \"chunks,min_keys\": chunks 1-4, min_keys a positive multiple of 64");
+      wave_chunks_ = chunks;
+      wave_min_keys_ = keys;
+    }
+  }
+  // The split grows the work list, which is the grid where the grid is not persistent.
+  if (!dispatch(c.dtype, c.head_dim, [](auto, auto d) { return kPersistent<d.value>; }))
+    wave_chunks_ = 1;
 
   int device = 0, sms = 0;
   GD_CUDA(cudaGetDevice(&device));
@@ -127,10 +150,18 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     max_partials_ = static_cast<long long>(c.max_q_tokens) * c.num_q_heads * max_chunks_;
   } else {
     max_chunks_ = kMaxAdaptiveChunks + 1;
-    // Splitting a batch of `base` (tile, head) items into floor(target / base) chunks per span
-    // gives at most that many plus one anchored extra per item: <= target + base work items.
-    // (Wide tiles: half the tiles, a smaller target.)
-    max_work_ = tiles_cap * c.num_kv_heads + std::max(target_ctas_, target_ctas_wide_);
+    // Splitting a batch of `base` (tile, head) items under a wave into floor(target / base)
+    // chunks per span gives at most that many plus one anchored extra per item: <= target + base
+    // work items (wide tiles: half the tiles, a smaller target). A batch of more than a wave cut
+    // into wave_chunks_ chunks per request: at most that many plus one anchored extra per item.
+    // The wave split is off where the capacity never holds a wave: the larger workspace alone
+    // (it moves the allocations after it) moved the 1B step at B = 32 L = 1024 by 3% (NOTES 97).
+    const long long base_items = tiles_cap * c.num_kv_heads;
+    const int smallest_wave =
+        target_ctas_wide_ > 0 ? std::min(target_ctas_, target_ctas_wide_) : target_ctas_;
+    if (base_items < smallest_wave) wave_chunks_ = 1;
+    max_work_ = base_items * (wave_chunks_ > 1 ? wave_chunks_ + 1 : 1) +
+                std::max(target_ctas_, target_ctas_wide_);
     max_partials_ = 3LL * target_ctas_ * kMaxRows;
   }
   GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
@@ -167,6 +198,18 @@ attn::PlanView PagedAttention::plan_view() const {
                         .item_request = b + (7 * n + 2)};  // [max_work]
 }
 
+std::vector<std::int32_t> PagedAttention::planned_chunks(std::int32_t num_requests,
+                                                         cudaStream_t stream) const {
+  GD_REQUIRE(num_requests >= 0 && num_requests <= config_.max_batch, "num_requests", num_requests,
+             "exceeds max_batch");
+  std::vector<std::int32_t> chunks(static_cast<std::size_t>(num_requests));
+  if (num_requests == 0) return chunks;
+  GD_CUDA(cudaMemcpyAsync(chunks.data(), plan_view().num_chunks,
+                          chunks.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
+  GD_CUDA(cudaStreamSynchronize(stream));
+  return chunks;
+}
+
 bool PagedAttention::wide_tiles(const AttentionBatch& batch) const noexcept {
   const long long rows = static_cast<long long>(batch.query_tokens_hint) *
                          (config_.num_q_heads / config_.num_kv_heads);
@@ -193,6 +236,8 @@ attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool w
   pp.deterministic = c.deterministic;
   pp.split_tokens = split_tokens_;
   pp.target_ctas = wide ? target_ctas_wide_ : target_ctas_;
+  pp.wave_chunks = wave_chunks_;
+  pp.wave_min_keys = wave_min_keys_;
   pp.max_partials = max_partials_;
   pp.max_work = static_cast<std::int32_t>(max_work_);
   return pp;

@@ -86,6 +86,12 @@ struct AttentionConfig {
   std::int32_t split_tokens = 0;  // deterministic chunk size in keys; 0 = library default.
                                   // Must be a multiple of the kernel's KV tile (64).
   float sm_scale = 0.f;           // 0 = 1/sqrt(head_dim)
+  // Adaptive mode, a batch of more than one wave of CTAs: at most this many chunks per request
+  // (1 = never split such a batch) of at least wave_split_min_keys keys (a multiple of 64).
+  // 0 = the library default (attention_policy.h kWaveSplitChunks, kWaveSplitMinKeys), which the
+  // environment's GRAPHDECODE_ATTN_WAVE_SPLIT="chunks,min_keys" overrides (benchmark sweeps).
+  std::int32_t wave_split_chunks = 0;
+  std::int32_t wave_split_min_keys = 0;
 };
 
 class PagedAttention {
@@ -117,6 +123,11 @@ class PagedAttention {
   bool wide_tiles_chosen() const noexcept { return planned_wide_; }
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
+  // Adaptive split-KV's aim: one wave of resident CTAs (decode and 64-row extend tiles).
+  std::int32_t target_ctas() const noexcept { return target_ctas_; }
+  // Tests and diagnostics only (synchronizes `stream`): the KV chunks per request of the last
+  // plan() or planned run(), [num_requests] (run() of a self-planned batch writes no plan).
+  std::vector<std::int32_t> planned_chunks(std::int32_t num_requests, cudaStream_t stream) const;
 
  private:
   attn::PlanView plan_view() const;
@@ -131,6 +142,8 @@ class PagedAttention {
   std::int32_t split_tokens_ = 0;      // effective deterministic chunk size
   std::int32_t target_ctas_ = 0;       // adaptive split-KV aims at about this many CTAs
   std::int32_t target_ctas_wide_ = 0;  // ... in a wide-tile call (0: no wide kernel)
+  std::int32_t wave_chunks_ = 1;       // past one wave: chunks per request at most (1 = off)
+  std::int32_t wave_min_keys_ = 0;     // ... of at least this many keys
   mutable bool planned_wide_ = false;  // the last plan() (or run()) chose wide tiles; run_planned
                                        // follows the plan's choice
   std::int64_t max_chunks_ = 0;        // chunks per request at most

@@ -148,17 +148,16 @@ __device__ __forceinline__ bool self_planned_work_item(const KernelParams& p, in
     total_base = alone ? s.tiles * pp.num_kv_heads
                        : block_sum<kThreads>(live ? s.tiles * pp.num_kv_heads : 0, s_sum);
   GD_TRACE_AFTER(2, total_base);
-  const int adaptive_chunks = adaptive_chunk_count(pp, total_base);
+  const AdaptiveSplit split = adaptive_split(pp, total_base);
   int parts_total = 0, items_total = 0;
   RequestPlan rp;
   if (alone) {
     if (live) {
-      rp = plan_round<kThreads, true>(pp, true, s, adaptive_chunks, 0, 0, parts_total, items_total,
-                                      nullptr);
+      rp = plan_round<kThreads, true>(pp, true, s, split, 0, 0, parts_total, items_total, nullptr);
       s_total = min(items_total, pp.max_work);
     }
   } else {
-    rp = plan_round<kThreads>(pp, live, s, adaptive_chunks, 0, 0, parts_total, items_total, s_warp);
+    rp = plan_round<kThreads>(pp, live, s, split, 0, 0, parts_total, items_total, s_warp);
   }
   GD_TRACE_AFTER(3, items_total);
   if (!alone) total = min(items_total, pp.max_work);  // as the planner's total_items

@@ -6,6 +6,7 @@
 // split-KV, batches of 1 to 128 requests (the self-planning limit, at exactly that capacity).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,89 @@ TEST_P(AttentionPlanning, CrossEncoderLengths) {
   for (int i = 0; i < 40; ++i) reqs.push_back(Req{q(rng), enc(rng)});
   check_same_plan({cross, reqs}, GetParam(), rng);
   check_same_plan({cross, {{1, 20000}}}, GetParam(), rng);
+}
+
+// Adaptive mode past one wave of resident CTAs (requests x KV heads >= target_ctas): the wave
+// split cuts requests into chunks of >= min_keys keys where that fills the last wave better. Both
+// planners agree bitwise, the outputs match the reference, and the plan did split (or, with the
+// split off, did not).
+class AttentionWaveSplit : public GpuTest {};
+
+void check_wave_split(const Shape& shape, std::int32_t min_ctx, std::int32_t max_ctx,
+                      std::int32_t window, std::int32_t chunks, std::int32_t min_keys, Rng& rng) {
+  AttentionConfig probe;
+  probe.num_q_heads = shape.num_q_heads;
+  probe.num_kv_heads = shape.num_kv_heads;
+  probe.head_dim = shape.head_dim;
+  probe.dtype = shape.dtype;
+  probe.max_batch = 1;
+  probe.max_q_tokens = 1;
+  probe.max_kv_len = 64;
+  const std::int32_t target = PagedAttention(probe).target_ctas();
+  // 1.25 waves of unsplit items: a last round of a quarter wave, which the rule cuts away.
+  const std::int32_t batch = (target * 5 / 4) / shape.num_kv_heads + 1;
+  ASSERT_LE(batch, 128) << "test bug: run() would not self-plan (target_ctas " << target << ")";
+  std::vector<Req> reqs =
+      shrink_for_sanitizer(decode_reqs(rng, batch, min_ctx, max_ctx), shape.mode, 128);
+  Capacity cap = capacity_for(shape, reqs, rng);
+  cap.max_batch = 128;
+  HostPagedBatch host(shape, cap);
+  host.fill(reqs, FillOptions{window, window >= 0}, rng);
+  Stream stream;
+  DevicePagedBatch dev(shape, cap);
+  dev.upload(host, stream);
+  AttentionConfig config = host.config();
+  config.wave_split_chunks = chunks;
+  config.wave_split_min_keys = min_keys;
+  const PagedAttention attn(config);
+
+  const Outputs self_planned = run_eager(attn, dev, host.total_q(), stream);
+  dev.poison_outputs(stream);
+  attn.plan(dev.batch(), stream);
+  attn.run_planned(dev.batch(), dev.view(), dev.q(), dev.out(), dev.lse(), stream);
+  Outputs planned;
+  planned.out = dev.download_out(host.total_q(), stream);
+  planned.lse = dev.download_lse(host.total_q(), stream);
+  const std::vector<std::int32_t> got =
+      attn.planned_chunks(static_cast<std::int32_t>(reqs.size()), stream);
+
+  CaseOptions o;
+  o.fill.window_left = window;
+  const std::string what = describe(shape, reqs, o) + ", wave split " + std::to_string(chunks) +
+                           " x >= " + std::to_string(min_keys) + " keys, target_ctas " +
+                           std::to_string(target);
+  std::int32_t split = 0, most = 0;
+  for (const std::int32_t c : got) {
+    split += c > 1;
+    most = std::max(most, c);
+  }
+  if (chunks == 1) {
+    EXPECT_EQ(most, 1) << "the split is off, yet a request was cut, " << what;
+  } else {
+    EXPECT_GT(split, 0) << "no request was cut, " << what;
+    EXPECT_LE(most, chunks + 1) << what;  // anchored chunking adds one at most
+  }
+  EXPECT_TRUE(bitwise_equal(self_planned, 0, planned, 0, host.total_q(),
+                            shape.num_q_heads * shape.head_dim, shape.num_q_heads))
+      << "self-planned run() != plan() + run_planned(), " << what;
+  EXPECT_TRUE(matches_reference(host.reference(), planned.out, &planned.lse, shape.dtype))
+      << "plan() + run_planned() vs reference, " << what;
+}
+
+constexpr Shape kLlama1B{32, 8, 64, 16, DType::kBF16, AttentionMode::kCausal};
+
+TEST_F(AttentionWaveSplit, DecodePastOneWave) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  check_wave_split(kLlama1B, 2048, 4096, -1, 3, 1024, rng);    // the default rule
+  check_wave_split(kLlama1B, 2048, 4096, -1, 1, 1024, rng);    // off
+  check_wave_split(kLlama1B, 300, 1500, -1, 2, 64, rng);       // short chunks (16-row layout)
+  check_wave_split(kLlama1B, 2600, 4096, 2500, 3, 1024, rng);  // window: anchored extra chunk
+  // d128, 2 CTAs per SM; fp16, group 7, page 1.
+  check_wave_split({32, 8, 128, 16, DType::kBF16, AttentionMode::kCausal}, 1024, 3000, -1, 4, 256,
+                   rng);
+  check_wave_split({28, 4, 64, 1, DType::kFP16, AttentionMode::kCausal}, 1000, 2500, 700, 2, 128,
+                   rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(Split, AttentionPlanning, ::testing::Bool(),
