@@ -157,9 +157,14 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     // The wave split is off where the capacity never holds a wave: the larger workspace alone
     // (it moves the allocations after it) moved the 1B step at B = 32 L = 1024 by 3% (NOTES 97).
     const long long base_items = tiles_cap * c.num_kv_heads;
-    const int smallest_wave =
-        target_ctas_wide_ > 0 ? std::min(target_ctas_, target_ctas_wide_) : target_ctas_;
-    if (base_items < smallest_wave) wave_chunks_ = 1;
+    const long long wide_items =
+        (static_cast<long long>(c.max_batch) +
+         (c.max_q_tokens + (kWideRows / group) - 1) / (kWideRows / group)) *
+        c.num_kv_heads;
+    const bool wide_calls =
+        target_ctas_wide_ > 0 && static_cast<long long>(c.max_q_tokens) * group >= kWideMinRows;
+    if (base_items < target_ctas_ && !(wide_calls && wide_items >= target_ctas_wide_))
+      wave_chunks_ = 1;
     max_work_ = base_items * (wave_chunks_ > 1 ? wave_chunks_ + 1 : 1) +
                 std::max(target_ctas_, target_ctas_wide_);
     max_partials_ = 3LL * target_ctas_ * kMaxRows;

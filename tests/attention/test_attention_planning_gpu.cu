@@ -28,6 +28,25 @@ struct PlanCase {
   std::int32_t max_batch = 0;  // 0: capacity_for's choice
 };
 
+// The two ways to plan one call on `dev`: run() (self-planned: every CTA plans the batch, as
+// max_batch <= 128 here) and plan() + run_planned(), each on poisoned outputs.
+struct BothPlans {
+  Outputs self_planned;
+  Outputs planned;
+};
+
+BothPlans run_both_planners(const PagedAttention& attn, DevicePagedBatch& dev, std::int32_t total_q,
+                            cudaStream_t stream) {
+  BothPlans r;
+  r.self_planned = run_eager(attn, dev, total_q, stream);
+  dev.poison_outputs(stream);
+  attn.plan(dev.batch(), stream);
+  attn.run_planned(dev.batch(), dev.view(), dev.q(), dev.out(), dev.lse(), stream);
+  r.planned.out = dev.download_out(total_q, stream);
+  r.planned.lse = dev.download_lse(total_q, stream);
+  return r;
+}
+
 void check_same_plan(const PlanCase& c, bool deterministic, Rng& rng) {
   std::vector<Req> reqs = shrink_for_sanitizer(c.reqs, c.shape.mode, 128);
   Capacity cap = capacity_for(c.shape, reqs, rng);
@@ -39,14 +58,7 @@ void check_same_plan(const PlanCase& c, bool deterministic, Rng& rng) {
   DevicePagedBatch dev(c.shape, cap);
   dev.upload(host, stream);
   const PagedAttention attn(host.config(deterministic, deterministic ? 128 : 0));
-
-  const Outputs self_planned = run_eager(attn, dev, host.total_q(), stream);
-  dev.poison_outputs(stream);
-  attn.plan(dev.batch(), stream);
-  attn.run_planned(dev.batch(), dev.view(), dev.q(), dev.out(), dev.lse(), stream);
-  Outputs planned;
-  planned.out = dev.download_out(host.total_q(), stream);
-  planned.lse = dev.download_lse(host.total_q(), stream);
+  const auto [self_planned, planned] = run_both_planners(attn, dev, host.total_q(), stream);
 
   CaseOptions o;
   o.fill.window_left = c.window;
@@ -135,14 +147,7 @@ void check_wave_split(const Shape& shape, std::int32_t min_ctx, std::int32_t max
   config.wave_split_chunks = chunks;
   config.wave_split_min_keys = min_keys;
   const PagedAttention attn(config);
-
-  const Outputs self_planned = run_eager(attn, dev, host.total_q(), stream);
-  dev.poison_outputs(stream);
-  attn.plan(dev.batch(), stream);
-  attn.run_planned(dev.batch(), dev.view(), dev.q(), dev.out(), dev.lse(), stream);
-  Outputs planned;
-  planned.out = dev.download_out(host.total_q(), stream);
-  planned.lse = dev.download_lse(host.total_q(), stream);
+  const auto [self_planned, planned] = run_both_planners(attn, dev, host.total_q(), stream);
   const std::vector<std::int32_t> got =
       attn.planned_chunks(static_cast<std::int32_t>(reqs.size()), stream);
 
