@@ -6,12 +6,16 @@
 #   scripts/perf/bench38.sh                   (on the device, from the repository root)
 #   GD38_PARTS="peer table" scripts/perf/bench38.sh     (a subset; earlier results in $OUT are kept)
 #   GD38_GPUS=4 scripts/perf/bench38.sh       (a host of 4+ identical GPUs: everything at once, below)
+#   GD38_GPUS=2 scripts/perf/bench38.sh       (2-3 GPUs: one lane per shape, below)
 #
 # With GD38_GPUS >= 4 (default 1) the parts run side by side, one lane per GPU: ours for the 1B
 # shape (decode, then prefill) on GPU 0, for the 8B shape on GPU 1, and the peer on the others, cut
 # into shards by shape and batch (shard 0 of a shape also runs its prefill); decode_table.py merges
 # the shards. Each lane owns its GPU; the host is shared (torch.compile is CPU-heavy, so host-timed
 # figures, TTFT, may move a little: compare with a one-GPU run). Every cell then fits one call.
+# With GD38_GPUS 2 or 3: two lanes, ours then the peer of the 1B shape on GPU 0 and of the 8B shape
+# on GPU 1 (t62 of 2026-11-28 ran ours this way: the 8B lane, decode and prefill at one chunk size,
+# in ~280 s); the 8B peer gets what its lane leaves of the budget.
 #
 # $OUT gets three files: <gpu>_bench38_tables.md (the tables),
 # bench38_summary.txt (what ran, rc and seconds per part) and bench38.tar.gz (every .txt / .json in
@@ -132,6 +136,22 @@ if [ "$GPUS" -ge 4 ]; then
           --shapes "$shape" --batches "$batches" "${extra[@]}" ) &
     done
   fi
+  wait
+elif [ "$GPUS" -ge 2 ]; then
+  lane() {  # lane GPU SHAPE: ours, then the peer of that shape on what is left
+    export CUDA_VISIBLE_DEVICES=$1
+    ours "$2"
+    if has peer && peer_ok; then
+      local budget=$(($(left) - 60))
+      if [ "$budget" -gt 30 ]; then
+        peer "$2" $(($(left) - 10)) "$budget" --shapes "$2" --batches 1,8,32,64,128
+      else
+        echo "peer $2      skipped: ${budget} s of budget left" | tee -a "$summary"
+      fi
+    fi
+  }
+  ( lane 0 1b ) &
+  ( lane 1 8b ) &
   wait
 else
   for shape in 1b 8b; do ours "$shape"; done
