@@ -23,7 +23,7 @@ namespace graphdecode::attn {
 
 // Division of non-negative ints as unsigned: about half the code of a signed division, and the
 // planning code runs cold in every CTA of a self-planning launch (instruction fetch is its cost).
-__device__ __forceinline__ int udiv(int a, int b) {
+__host__ __device__ __forceinline__ int udiv(int a, int b) {
   return static_cast<int>(static_cast<unsigned>(a) / static_cast<unsigned>(b));
 }
 
@@ -62,7 +62,7 @@ __device__ __forceinline__ RequestShape request_shape(const PlanParams& p, int r
   return s;
 }
 
-__device__ __forceinline__ int round_up_tile(int keys) {
+__host__ __device__ __forceinline__ int round_up_tile(int keys) {
   return (keys + kBlockN - 1) / kBlockN * kBlockN;
 }
 
@@ -132,12 +132,15 @@ struct AdaptiveSplit {
 //   keep the memory busy). The chunk count up to p.wave_chunks with the least predicted time per
 //   chunk, where it beats fewer chunks by 1/kWaveSplitGain. d64 Llama-1B B = 64: 512 items on
 //   396 resident CTAs leave a last round of 116.
-__device__ __forceinline__ int wave_rounds_time(int items, int target) {
+// Host-callable (as chunk_size_for): tests/attention/test_attention_split_rule.cu pins the rule's
+// choices on the CPU.
+__host__ __device__ __forceinline__ int wave_rounds_time(int items, int target) {
   const int full = udiv(items, target), tail = items - full * target;
   return full * target + (tail > 0 ? max(tail, target * kWaveTailShare / 100) : 0);
 }
 
-__device__ __forceinline__ AdaptiveSplit adaptive_split(const PlanParams& p, int total_base) {
+__host__ __device__ __forceinline__ AdaptiveSplit adaptive_split(const PlanParams& p,
+                                                                 int total_base) {
   AdaptiveSplit a;
   if (p.deterministic || total_base <= 0) return a;
   if (total_base < p.target_ctas) {
@@ -162,8 +165,8 @@ __device__ __forceinline__ AdaptiveSplit adaptive_split(const PlanParams& p, int
 }
 
 // Keys per chunk of one request (kNoSplit = one chunk).
-__device__ __forceinline__ int chunk_size_for(const PlanParams& p, const RequestShape& s,
-                                              const AdaptiveSplit& a) {
+__host__ __device__ __forceinline__ int chunk_size_for(const PlanParams& p, const RequestShape& s,
+                                                       const AdaptiveSplit& a) {
   if (p.deterministic) return p.split_tokens;
   if (a.chunks <= 1 || s.last_key < s.first_key) return kNoSplit;
   const int span = s.last_key - s.first_key + 1;
