@@ -68,9 +68,9 @@ inline constexpr int kFineChunkTokens = GD_ATTN_FINE_CHUNK_TOKENS;
 // rounds of CTAs by 1/kWaveSplitGain (attention_plan.cuh adaptive_split), into chunks of at least
 // kWaveSplitMinKeys keys; 1 chunk = off. Head dims with the persistent grid only (the others'
 // grid is the work capacity, which the split grows). AttentionConfig may override both.
-// 3 / 1024: NOTES 54 (b) and 97: d64 B=64 L=4096 per layer of a step 205.8 -> 183.8 us (H100,
-// t60); chunks of 384-512 keys leave d64's narrow layout (kNarrowMinKeys) and lost at L=1024
-// (54.0 -> 55.6 us at 3 x >= 512).
+// 3 / 1024: NOTES 54 (b) and 97: d64 B=64 L=4096 per layer of a step 205.3 -> 183.8 us (H100,
+// t61, the rule's 2 chunks; 3 ran alike in t60); chunks of 384-512 keys leave d64's narrow layout
+// (kNarrowMinKeys) and lost at L=1024 (54.0 -> 55.6 us at 3 x >= 512).
 #ifndef GD_ATTN_WAVE_SPLIT_CHUNKS
 #define GD_ATTN_WAVE_SPLIT_CHUNKS 3
 #endif
