@@ -163,7 +163,7 @@ template <int kHeadDim>
 inline constexpr bool kWideExtend =
     GD_ATTN_WIDE_EXTEND != 0 && kHeadDim == 64 && kWgmmaExtend<kHeadDim>;
 // K/V stages of the wide kernel (its copies run kWideStages - 1 tiles ahead). 3: the first
-// version's; 4 (80 KB of shared memory, still 2 CTAs an SM) not measured yet (.carry/NEXT.md).
+// version's; 4 (80 KB of shared memory, still 2 CTAs an SM) compiles and is not measured yet.
 #ifndef GD_ATTN_WIDE_STAGES
 #define GD_ATTN_WIDE_STAGES 3
 #endif

@@ -142,8 +142,12 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   target_ctas_wide_ = (kTargetWaves > 0 ? kTargetWaves : resident_wide) * sms;
   if (resident_wide <= 0) target_ctas_wide_ = 0;
 
-  const long long tiles_cap = static_cast<long long>(c.max_batch) +
-                              (c.max_q_tokens + (kMaxRows / group) - 1) / (kMaxRows / group);
+  // Query tiles of a call at most, with tiles of `rows` rows: a request's partial tile each.
+  const auto tiles_cap_of = [&](int rows) {
+    const int tokens = rows / group;
+    return static_cast<long long>(c.max_batch) + (c.max_q_tokens + tokens - 1) / tokens;
+  };
+  const long long tiles_cap = tiles_cap_of(kMaxRows);
   if (c.deterministic) {
     max_chunks_ = c.max_kv_len / split_tokens_ + 2;
     max_work_ = tiles_cap * c.num_kv_heads * max_chunks_;
@@ -157,13 +161,9 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     // The wave split is off where the capacity never holds a wave: the larger workspace alone
     // (it moves the allocations after it) moved the 1B step at B = 32 L = 1024 by 3% (NOTES 97).
     const long long base_items = tiles_cap * c.num_kv_heads;
-    const long long wide_items =
-        (static_cast<long long>(c.max_batch) +
-         (c.max_q_tokens + (kWideRows / group) - 1) / (kWideRows / group)) *
-        c.num_kv_heads;
-    const bool wide_calls =
-        target_ctas_wide_ > 0 && static_cast<long long>(c.max_q_tokens) * group >= kWideMinRows;
-    if (base_items < target_ctas_ && !(wide_calls && wide_items >= target_ctas_wide_))
+    const long long wide_items = tiles_cap_of(kWideRows) * c.num_kv_heads;
+    if (base_items < target_ctas_ &&
+        !(wide_for_tokens(c.max_q_tokens) && wide_items >= target_ctas_wide_))
       wave_chunks_ = 1;
     max_work_ = base_items * (wave_chunks_ > 1 ? wave_chunks_ + 1 : 1) +
                 std::max(target_ctas_, target_ctas_wide_);
@@ -215,10 +215,14 @@ std::vector<std::int32_t> PagedAttention::planned_chunks(std::int32_t num_reques
   return chunks;
 }
 
-bool PagedAttention::wide_tiles(const AttentionBatch& batch) const noexcept {
-  const long long rows = static_cast<long long>(batch.query_tokens_hint) *
-                         (config_.num_q_heads / config_.num_kv_heads);
+bool PagedAttention::wide_for_tokens(std::int32_t tokens) const noexcept {
+  const long long rows =
+      static_cast<long long>(tokens) * (config_.num_q_heads / config_.num_kv_heads);
   return target_ctas_wide_ > 0 && rows >= attn::kWideMinRows;
+}
+
+bool PagedAttention::wide_tiles(const AttentionBatch& batch) const noexcept {
+  return wide_for_tokens(batch.query_tokens_hint);
 }
 
 attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool wide) const {

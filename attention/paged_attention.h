@@ -134,6 +134,9 @@ class PagedAttention {
   // wide: 128-row extend tiles (wide_tiles(batch)).
   attn::PlanParams plan_params(const AttentionBatch& batch, bool wide) const;
   bool wide_tiles(const AttentionBatch& batch) const noexcept;
+  // A call of `tokens` query tokens runs 128-row tiles (kWideMinRows rows at a head dim that has
+  // the wide kernel).
+  bool wide_for_tokens(std::int32_t tokens) const noexcept;
   // self_plan: no plan kernel, every CTA plans the batch itself; else the plan is in place.
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                         void* out, float* lse, bool self_plan, bool wide, PriorWrites prior,
