@@ -50,9 +50,11 @@ enum class PriorWrites : std::uint8_t {
   // Of what this call reads, only q and the K/V rows of this step's new tokens (keys >=
   // kv_len - q_len): e.g. a rope + KV-append kernel, or the previous layer's attention. The
   // kernel then reads its work item, the page table and the K/V tiles of older keys before it
-  // waits, overlapping that kernel's tail. Also required: every kernel before that one had
-  // completed when it started (it was launched without programmatic dependence, or it triggers
-  // its dependents only after its own griddepcontrol.wait, as graphdecode's kernels do).
+  // waits, overlapping that kernel's tail. Also required: of the kernels before that one, each
+  // that writes what this call reads early (plan, page table, older K/V) has completed when this
+  // kernel starts. graphdecode's kernels trigger their dependents only after their own
+  // griddepcontrol.wait, so everything two launches back has; the QKV epilogue triggers at its
+  // start, so the qkv GEMM before it may still run (it writes only its qkv buffer).
   // Ignored in cross mode (encoder K/V may be written in the same step).
   kQueryAndNewKv = 1,
 };

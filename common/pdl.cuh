@@ -4,7 +4,9 @@
 //
 // The promise graphdecode's kernels keep (PriorWrites::kQueryAndNewKv relies on it): a kernel
 // lets its dependents start only after its own wait for the grid before it, or, when it is
-// launched without PDL (so everything before it has completed when it starts), at once.
+// launched without PDL (so everything before it has completed when it starts), at once. One
+// exception: the QKV epilogue triggers at its start; its dependent, the attention, reads early
+// only what neither it nor the qkv GEMM before it writes (engine/kernels/qkv_epilogue.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -26,6 +26,8 @@ using bf16_bits = std::uint16_t;  // one bf16 element (device memory)
 // Hugging Face's LlamaRMSNorm (normalize in fp32, cast to bf16, multiply by the bf16 weight).
 // y may alias x (each block reads its whole row before it writes); residual must not alias x or y.
 // hidden: multiple of 8, at most 8192; all pointers 16-byte aligned. One block per row.
+// weight is read before the wait for the kernel ahead (a programmatic dependent launch, as a
+// GEMM's W): the kernel launched just before must not write it.
 struct RmsNormArgs {
   const bf16_bits* x = nullptr;            // [max_rows][hidden]
   bf16_bits* residual = nullptr;           // [max_rows][hidden], optional (nullptr = plain norm)

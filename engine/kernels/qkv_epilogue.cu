@@ -36,54 +36,74 @@ constexpr int kMaxGridY = 65535;
 // [d/2 + 8j, d/2 + 8j + 8) of its head. Heads in qkv order: q [0, hq), k, then v.
 __global__ void __launch_bounds__(kThreads)
     qkv_epilogue_kernel(const __grid_constant__ QkvEpilogueArgs a) {
-  // Launched as a programmatic dependent of the qkv GEMM: wait for it, then the attention launch
-  // behind this one (PDL) may start and read older K/V while this runs
-  // (PriorWrites::kQueryAndNewKv: everything before this kernel has completed).
-  pdl_wait_for_prior_grid();
+  // Launched as a programmatic dependent of the qkv GEMM. Its one dependent is the attention
+  // (PriorWrites::kQueryAndNewKv), which reads before its own wait only what no kernel of the layer
+  // writes (its plan, the page table, older K/V), so this kernel lets it be scheduled at once,
+  // before its own wait (the one exception to common/pdl.cuh's promise): behind a stream GEMV,
+  // which triggers early, the attention's CTAs then load older K/V while the GEMV still streams.
+  // The qkv GEMM, which may then still run, writes only qkv; every kernel before it has completed
+  // (it triggered after its own wait). Likewise this kernel reads before its wait what depends on
+  // no kernel of the layer: the step's metadata (num_rows, positions, slot, the page table:
+  // written at the step's start), inv_freq and the weights (bias, q/k norm); after the wait one
+  // round trip, for qkv, is left. H200, 2026-11-28 (bench/NOTES.md 98): with the trigger after
+  // the wait, these loads ahead of it delayed the attention's start by their round trips.
   pdl_launch_dependents();
   const int row = blockIdx.x;
-  if (row >= *a.num_rows) return;
+  const bool live = row < *a.num_rows;
   __shared__ float s_cos[kMaxHalf], s_sin[kMaxHalf];
   __shared__ std::int32_t s_page, s_in_page;  // cache destination of this row; page -1 = skip
   const int d = a.head_dim, half = d / 2;
-  const float pos = static_cast<float>(a.positions[row]);
-  for (int i = threadIdx.x; i < half; i += kThreads) {
-    const float angle = a.inv_freq[i] * pos;  // as rope_kernel
-    sincosf(angle, &s_sin[i], &s_cos[i]);
-  }
-  if (threadIdx.x == 0) {  // write_new_kv's (slot, position) resolution
-    const PagedKvView& c = a.cache;
-    const std::int32_t s = a.slot[row], p = a.positions[row];
-    std::int32_t page = -1, in_page = 0;
-    if (s >= 0 && s < a.max_slots && p >= 0 && p / c.page_size < c.max_pages_per_slot) {
-      const std::int32_t logical = p / c.page_size;
-      page = c.page_table[static_cast<std::int64_t>(s) * c.max_pages_per_slot + logical];
-      if (page >= c.num_pages) page = -1;  // negative: kInvalidPage (released / never allocated)
-      in_page = p - logical * c.page_size;
+  if (live) {
+    const float pos = static_cast<float>(a.positions[row]);
+    for (int i = threadIdx.x; i < half; i += kThreads) {
+      const float angle = a.inv_freq[i] * pos;  // as rope_kernel
+      sincosf(angle, &s_sin[i], &s_cos[i]);
     }
-    s_page = page;
-    s_in_page = in_page;
+    if (threadIdx.x == 0) {  // write_new_kv's (slot, position) resolution
+      const PagedKvView& c = a.cache;
+      const std::int32_t s = a.slot[row], p = a.positions[row];
+      std::int32_t page = -1, in_page = 0;
+      if (s >= 0 && s < a.max_slots && p >= 0 && p / c.page_size < c.max_pages_per_slot) {
+        const std::int32_t logical = p / c.page_size;
+        page = c.page_table[static_cast<std::int64_t>(s) * c.max_pages_per_slot + logical];
+        if (page >= c.num_pages) page = -1;  // negative: kInvalidPage (released / never allocated)
+        in_page = p - logical * c.page_size;
+      }
+      s_page = page;
+      s_in_page = in_page;
+    }
   }
-  __syncthreads();
-
   const int tph = half / 8;
   const int hq = a.num_q_heads, hkv = a.num_kv_heads, heads = hq + 2 * hkv;
   const int item = blockIdx.y * kThreads + threadIdx.x;
-  if (item >= heads * tph) return;  // whole head groups exit together
-  const int head = item / tph;
+  const bool valid = live && item < heads * tph;  // whole head groups alike
+  const int head = valid ? item / tph : 0;
   const int lo_off = 8 * (item - head * tph), hi_off = half + lo_off;
+  const bool is_v = head >= hq + hkv;
+  const bool norm = valid && !is_v && a.q_norm != nullptr;
+  Vec8 bl, bh, wl, wh;
+  if (valid && a.bias != nullptr) {
+    bl = load8(a.bias + head * d + lo_off);
+    bh = load8(a.bias + head * d + hi_off);
+  }
+  if (norm) {
+    const std::uint16_t* w = head < hq ? a.q_norm : a.k_norm;
+    wl = load8(w + lo_off);
+    wh = load8(w + hi_off);
+  }
+  __syncthreads();
+  pdl_wait_for_prior_grid();
+  if (!valid) return;
   const std::uint16_t* src = a.qkv + (static_cast<std::size_t>(row) * heads + head) * d;
   Vec8 lo = load8(src + lo_off), hi = load8(src + hi_off);
   if (a.bias != nullptr) {  // as add_bias: fp32 add, bf16 store
-    const Vec8 bl = load8(a.bias + head * d + lo_off), bh = load8(a.bias + head * d + hi_off);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       lo.v[e] = round_bf16(lo.v[e] + bl.v[e]);
       hi.v[e] = round_bf16(hi.v[e] + bh.v[e]);
     }
   }
-  const bool is_v = head >= hq + hkv;
-  if (!is_v && a.q_norm != nullptr) {  // as rmsnorm_kernel over one head of d elements
+  if (norm) {  // as rmsnorm_kernel over one head of d elements
     float ss_lo = 0.f, ss_hi = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss_lo += lo.v[e] * lo.v[e];
@@ -94,8 +114,6 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned mask = ((1u << tph) - 1u) << (lane & ~(tph - 1));
     for (int o = tph / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
     const float inv_rms = rsqrtf(ss / static_cast<float>(d) + a.eps);
-    const std::uint16_t* w = head < hq ? a.q_norm : a.k_norm;
-    const Vec8 wl = load8(w + lo_off), wh = load8(w + hi_off);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       lo.v[e] = round_bf16(wl.v[e] * round_bf16(lo.v[e] * inv_rms));

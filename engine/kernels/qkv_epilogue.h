@@ -9,6 +9,11 @@
 // The results are bitwise those of add_bias -> split -> rmsnorm -> rope -> write_new_kv: each step
 // rounds to bf16 where the old kernels stored bf16, in the same fp32 operation order.
 //
+// Launched as a programmatic dependent that lets the kernel after it start at once (before its
+// own wait): that kernel must read, before its own wait, nothing the kernel ahead of this one
+// writes (the attention with PriorWrites::kQueryAndNewKv behind the qkv GEMM). positions, slot,
+// the page table, inv_freq and the weights are read before the wait: the kernel ahead must not
+// write them.
 // Graph-safe: *num_rows is read on the device, the grid is sized from max_rows, rows past the live
 // count exit at once (q_out and the cache keep what they held), nothing is allocated or synced.
 #pragma once

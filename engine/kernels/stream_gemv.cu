@@ -169,9 +169,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers: x into shared memory once (after the wait: the kernel before may write it).
   const int cw = warp - 1, ct = threadIdx.x - 32;
+  const int xch = p.k / 8;  // 16-byte chunks per x row
+  // The norm's weight depends on no kernel of the step: pulled into L2 before the wait, so the
+  // staging after it waits on L2, not DRAM, for it.
+  if (p.norm_w != nullptr)
+    for (int ch = ct; ch < xch; ch += kConsumerThreads)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p.norm_w + ch * 8));
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
-  const int xch = p.k / 8;  // 16-byte chunks per x row
   if (p.norm_w == nullptr) {
     for (int idx = ct; idx < p.rows * xch; idx += kConsumerThreads) {
       const int r = idx / xch, ch = idx - r * xch;
