@@ -2,6 +2,7 @@
 
 #include <library_types.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,6 +13,15 @@
 namespace graphdecode {
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
+  if (const char* bounds = std::getenv("GRAPHDECODE_GEMV_AUTO")) {  // "max_rows,max_out"
+    int rows = 0, out = 0, used = 0;
+    GD_REQUIRE(std::sscanf(bounds, "%d,%d%n", &rows, &out, &used) == 2 && bounds[used] == '\0' &&
+                   rows >= 1 && rows <= kSkinnyMaxRows && out >= 1,
+               "GRAPHDECODE_GEMV_AUTO", bounds,
+               "must be \"max_rows,max_out\": max_rows 1-8, max_out positive");
+    auto_max_rows_ = rows;
+    auto_max_out_ = out;
+  }
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
   // compute-sanitizer's initcheck otherwise reports as uninitialized).
   workspace_.fill_bytes(0, nullptr);
@@ -64,7 +74,7 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   // (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses at n 6144 (8B qkv), k 14336 (8B
   // down), gate_up, lm_head and at 8 rows.
   if (gemv_mode_ == GemvMode::kAuto &&
-      (skinny_mode_ != SkinnyMode::kAuto || a.rows > 4 || a.out > kStreamGemvMaxOutAuto))
+      (skinny_mode_ != SkinnyMode::kAuto || a.rows > auto_max_rows_ || a.out > auto_max_out_))
     return false;
   return a.rows >= 1 && a.rows <= kSkinnyMaxRows && a.out > 0 &&
          stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);

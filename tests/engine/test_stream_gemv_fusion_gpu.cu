@@ -7,11 +7,14 @@
 //   equal to the rmsnorm kernel followed by the plain stream GEMV; on random rows within the
 //   float64 bound of the normed product.
 // - Bad arguments: a graphdecode::Error naming the field.
+// - Gemm's kAuto bounds for the stream GEMV: 4 rows and 3072 outputs, moved by
+//   GRAPHDECODE_GEMV_AUTO (sweeps); a malformed value is refused by name.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -28,6 +31,7 @@
 #include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
+#include "support/scoped_env.h"
 
 namespace graphdecode {
 namespace {
@@ -244,6 +248,37 @@ TEST_F(StreamGemvFusionGpu, BadFusionArgumentsAreRefusedByName) {
   EXPECT_EQ(gemm.fuses_norm({x.data(), w.data(), y.data(), rows, k, n, GemmOut::kBF16}),
             !gemm.plain());
   EXPECT_FALSE(gemm.fuses_norm({x.data(), w.data(), yf.data(), rows, k, n, GemmOut::kF32}));
+}
+
+TEST_F(StreamGemvFusionGpu, AutoBoundsFromTheEnvironment) {
+  for (const char* other : {"GRAPHDECODE_GEMV", "GRAPHDECODE_SKINNY", "GRAPHDECODE_GEMV_AUTO"})
+    if (std::getenv(other) != nullptr) GTEST_SKIP() << other << " is set: not the default policy";
+  constexpr std::int32_t k = 2048, n = 2048, wide = 4096;
+  DeviceBuffer<std::uint16_t> x(8 * k), w(static_cast<std::size_t>(wide) * k), y(8 * wide);
+  const GemmArgs rows4{x.data(), w.data(), y.data(), 4, k, n, GemmOut::kBF16};
+  const GemmArgs rows8{x.data(), w.data(), y.data(), 8, k, n, GemmOut::kBF16};
+  const GemmArgs out4096{x.data(), w.data(), y.data(), 4, k, wide, GemmOut::kBF16};
+  {
+    const Gemm gemm;
+    EXPECT_TRUE(gemm.uses_stream_gemv(rows4));
+    EXPECT_FALSE(gemm.uses_stream_gemv(rows8));
+    EXPECT_FALSE(gemm.uses_stream_gemv(out4096));
+  }
+  {
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "8,4096");
+    const Gemm gemm;
+    EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
+    EXPECT_TRUE(gemm.uses_stream_gemv(out4096));
+  }
+  {
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "2,3072");
+    const Gemm gemm;
+    EXPECT_FALSE(gemm.uses_stream_gemv(rows4));
+  }
+  for (const char* bad : {"9,3072", "0,3072", "4", "4,", "4,3072x", "a,b", "4,0", ""}) {
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", bad);
+    EXPECT_EQ(field_of([] { const Gemm gemm; }), "GRAPHDECODE_GEMV_AUTO") << "'" << bad << "'";
+  }
 }
 
 }  // namespace
