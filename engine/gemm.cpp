@@ -72,7 +72,9 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   // 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). Not the 8B o (n 4096): ahead in
   // bench_gemm (12.04 vs 12.78 us) but the 8B decode step was 110-150 us SLOWER with it
   // (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses at n 6144 (8B qkv), k 14336 (8B
-  // down), gate_up, lm_head and at 8 rows.
+  // down), gate_up and lm_head. At 5-8 rows it loses in bench_gemm, yet the 1B step now gains
+  // there (t68, bench/results/h200_row_loads_pdl_2026-11-28.txt); the default waits for the model
+  // tests at those rows (engine/NOTES.md).
   if (gemv_mode_ == GemvMode::kAuto &&
       (skinny_mode_ != SkinnyMode::kAuto || a.rows > auto_max_rows_ || a.out > auto_max_out_))
     return false;

@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kThreads)
   // (it triggered after its own wait). Likewise this kernel reads before its wait what depends on
   // no kernel of the layer: the step's metadata (num_rows, positions, slot, the page table:
   // written at the step's start), inv_freq and the weights (bias, q/k norm); after the wait one
-  // round trip, for qkv, is left. H200, 2026-11-28 (bench/NOTES.md 98): with the trigger after
-  // the wait, these loads ahead of it delayed the attention's start by their round trips.
+  // round trip, for qkv, is left. The trigger comes first, so these loads never delay the
+  // attention's start (bench/NOTES.md 98).
   pdl_launch_dependents();
   const int row = blockIdx.x;
   const bool live = row < *a.num_rows;
