@@ -67,14 +67,14 @@ bool Gemm::uses_skinny(const GemmArgs& a) const noexcept {
 bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   if (gemv_mode_ == GemvMode::kOff) return false;
   // kAuto: an explicit skinny mode (tests, bench_gemm's columns) is what it says; otherwise only
-  // the shapes where the stream GEMV was measured ahead on the H200 at rows 1-4: 1B qkv (n 3072,
-  // bench_gemm 5.85 vs cuBLAS 6.26 us), o (n 2048, 4.58 vs 5.83) and down (n 2048 k 8192, 12.13 vs
-  // 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). Not the 8B o (n 4096): ahead in
-  // bench_gemm (12.04 vs 12.78 us) but the 8B decode step was 110-150 us SLOWER with it
-  // (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses at n 6144 (8B qkv), k 14336 (8B
-  // down), gate_up and lm_head. At 5-8 rows it loses in bench_gemm, yet the 1B step now gains
-  // there (t68, bench/results/h200_row_loads_pdl_2026-11-28.txt); the default waits for the model
-  // tests at those rows (engine/NOTES.md).
+  // the shapes where the stream GEMV was measured ahead on the H200: 1B qkv (n 3072, bench_gemm
+  // at rows 1-4 5.85 vs cuBLAS 6.26 us), o (n 2048, 4.58 vs 5.83) and down (n 2048 k 8192, 12.13
+  // vs 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). At rows 5-8 it loses alone in
+  // bench_gemm but wins in the 1B decode step, where it overlaps the kernels around it (PDL):
+  // B = 6 1161 -> 1116 us, B = 8 1181 -> 1149 (bench/results/h200_gemv_rows8_2026-11-28.txt).
+  // Not the 8B o (n 4096): ahead in bench_gemm (12.04 vs 12.78 us) but the 8B decode step was
+  // 110-150 us SLOWER with it (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses at n 6144
+  // (8B qkv), k 14336 (8B down), gate_up and lm_head.
   if (gemv_mode_ == GemvMode::kAuto &&
       (skinny_mode_ != SkinnyMode::kAuto || a.rows > auto_max_rows_ || a.out > auto_max_out_))
     return false;

@@ -81,12 +81,12 @@ class Gemm {
 
   // When the stream GEMV (engine/kernels/stream_gemv.h) runs, before the skinny kernel or cuBLAS:
   //   kAuto (default): rows <= kStreamGemvMaxRowsAuto and out <= kStreamGemvMaxOutAuto, with the
-  //                    skinny mode at kAuto (where bench_gemm measured it ahead, gemm.cpp says
-  //                    which shapes); the two bounds are GRAPHDECODE_GEMV_AUTO="max_rows,max_out"
-  //                    for sweeps (checked: an Error names it);
+  //                    skinny mode at kAuto (where it was measured ahead: gemm.cpp); the two
+  //                    bounds are GRAPHDECODE_GEMV_AUTO="max_rows,max_out" for sweeps (checked:
+  //                    an Error names it);
   //   kAlways: every call it takes (GRAPHDECODE_GEMV=stream);  kOff: never (GRAPHDECODE_GEMV=off).
   enum class GemvMode : std::uint8_t { kOff, kAuto, kAlways };
-  static constexpr std::int32_t kStreamGemvMaxRowsAuto = 4;
+  static constexpr std::int32_t kStreamGemvMaxRowsAuto = 8;
   static constexpr std::int32_t kStreamGemvMaxOutAuto = 3072;
   void set_gemv_mode(GemvMode m) noexcept { gemv_mode_ = m; }
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }

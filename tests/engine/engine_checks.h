@@ -18,11 +18,11 @@ namespace graphdecode::testing {
 
 // GRAPHDECODE_GEMV=off while it lives (engine/gemm.h GemvMode): the Gemms made meanwhile run
 // cuBLAS or the skinny kernel at every row count (so their models fold no norm into a GEMV). For
-// the tests that compare speculative tokens with plain decoding: a plain decode step at rows <= 4
-// would take the stream GEMV, which a verify step's rows never take; the two then round differently
-// and near-tie divergences stop being rare (H200: 11 and 15 of 16 request runs in SpecGreedy on
-// random weights, each a float64-confirmed near-tie). The stream GEMV has its own tests
-// (test_skinny_gemm_gpu) and runs in the other engine tests.
+// the tests that compare speculative tokens with plain decoding: a plain decode step at rows <= 8
+// would take the stream GEMV, which a verify step of more rows does not; the two then round
+// differently and near-tie divergences stop being rare (H200: 11 and 15 of 16 request runs in
+// SpecGreedy on random weights, each a float64-confirmed near-tie). The stream GEMV has its own
+// tests (test_skinny_gemm_gpu) and runs in the other engine tests.
 class ScopedGemvOff : public ScopedEnv {
  public:
   ScopedGemvOff() : ScopedEnv("GRAPHDECODE_GEMV", "off") {}

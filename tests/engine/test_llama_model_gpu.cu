@@ -183,8 +183,8 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   for (float x : replay) ASSERT_TRUE(std::isfinite(x));
 }
 
-// Decode steps at rows <= 4 fold each layer's input RMSNorm into the stream GEMVs around it
-// (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 8 rows do not.
+// Decode steps at rows <= 8 fold each layer's input RMSNorm into the stream GEMVs around it
+// (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 7 requests here.
 // Three replayed decode steps: the fused model's logits within the verify-vs-decode bound of the
 // unfused model's (GRAPHDECODE_FUSE_NORM=0: the rmsnorm kernel; the squares add in another
 // order) and of the float64 reference.
@@ -192,20 +192,22 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 29);
   std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  seqs.push_back(std::vector<std::int32_t>(17));
-  for (std::size_t i = 0; i < seqs[2].size(); ++i)
-    seqs[2][i] = static_cast<std::int32_t>((i * 41 + 7) % config.vocab_size);
+  while (seqs.size() < 7) {  // 5-8 rows: the stream GEMV's rows past 4; 62 of max_tokens 64
+    const std::size_t at = seqs.size(), n = 3 + at % 2;
+    seqs.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i)
+      seqs[at][i] = static_cast<std::int32_t>((i * 41 + 7 * at) % config.vocab_size);
+  }
   const char* plain_env = std::getenv("GRAPHDECODE_PLAIN_GEMM");  // racecheck runs: no GEMV
   const bool plain = plain_env != nullptr && std::strcmp(plain_env, "1") == 0;
-  Harness fused(w, harness_options(4));
+  Harness fused(w, harness_options(8));
   std::unique_ptr<Harness> unfused;
   {
     const testing::ScopedEnv off("GRAPHDECODE_FUSE_NORM", "0");
-    unfused = std::make_unique<Harness>(w, harness_options(4));
+    unfused = std::make_unique<Harness>(w, harness_options(8));
   }
-  for (std::int32_t rows : {1, 2, 4})
+  for (std::int32_t rows : {1, 2, 4, 8})
     EXPECT_EQ(fused.model->fuses_input_norm(rows), !plain) << rows;
-  EXPECT_FALSE(fused.model->fuses_input_norm(8)) << "8 rows run cuBLAS";
   EXPECT_FALSE(unfused->model->fuses_input_norm(4));
   std::vector<StepRequest> freq = fused.prefill(seqs), ureq = unfused->prefill(seqs);
   const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);

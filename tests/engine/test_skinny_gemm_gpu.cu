@@ -359,10 +359,10 @@ TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
   }
 }
 
-// Gemm's default choice: the stream GEMV at rows <= 4 and out <= kStreamGemvMaxOutAuto (the 1B qkv,
-// o and down projections), cuBLAS elsewhere (gate_up's n, the 8B o, qkv and down, 8 rows; the
-// skinny kernel never by default); an
-// explicit skinny mode and GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
+// Gemm's default choice: the stream GEMV at rows <= kStreamGemvMaxRowsAuto (8) and out <=
+// kStreamGemvMaxOutAuto (the 1B qkv, o and down projections), cuBLAS elsewhere (gate_up's n, the
+// 8B o, qkv and down, 9 rows; the skinny kernel never by default); an explicit skinny mode and
+// GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
 // output is bitwise the stream GEMV's and within the float64 bound.
 TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
   SCOPED_TRACE(seed_note());
@@ -377,7 +377,7 @@ TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
   const auto args = [&](int rows, int k, int n) {
     return GemmArgs{big_x.data(), dw.data(), nullptr, rows, k, n, GemmOut::kBF16};
   };
-  for (int rows : {1, 2, 4}) {
+  for (int rows : {1, 2, 4, 5, 8}) {
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 2048, 3072))) << "qkv, rows " << rows;
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 2048, 2048))) << "o, rows " << rows;
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 8192, 768))) << "down-like, rows " << rows;
@@ -387,8 +387,7 @@ TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
     EXPECT_FALSE(gemm.uses_stream_gemv(args(rows, 14336, 4096))) << "8B down, rows " << rows;
     EXPECT_FALSE(gemm.uses_skinny(args(rows, 14336, 4096))) << "8B down: cuBLAS, rows " << rows;
   }
-  EXPECT_FALSE(gemm.uses_stream_gemv(args(8, 2048, 3072))) << "8 rows: cuBLAS";
-  EXPECT_FALSE(gemm.uses_stream_gemv(args(5, 2048, 3072))) << "5 rows: cuBLAS";
+  EXPECT_FALSE(gemm.uses_stream_gemv(args(9, 2048, 3072))) << "9 rows: cuBLAS";
   EXPECT_FALSE(gemm.uses_stream_gemv(args(1, 2048, 3073))) << "out past the bound: cuBLAS";
   gemm.set_skinny(true);
   EXPECT_FALSE(gemm.uses_stream_gemv(args(1, 2048, 3072))) << "an explicit skinny mode";

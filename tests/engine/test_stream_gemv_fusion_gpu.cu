@@ -7,7 +7,7 @@
 //   equal to the rmsnorm kernel followed by the plain stream GEMV; on random rows within the
 //   float64 bound of the normed product.
 // - Bad arguments: a graphdecode::Error naming the field.
-// - Gemm's kAuto bounds for the stream GEMV: 4 rows and 3072 outputs, moved by
+// - Gemm's kAuto bounds for the stream GEMV: 8 rows and 3072 outputs, moved by
 //   GRAPHDECODE_GEMV_AUTO (sweeps); a malformed value is refused by name.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,8 +235,14 @@ TEST_F(StreamGemvFusionGpu, BadFusionArgumentsAreRefusedByName) {
   bad.eps = 0.f;
   EXPECT_EQ(field(a, bad), "eps");
   GD_CUDA(cudaStreamSynchronize(s.get()));
-  // Gemm::run_fused only where run() takes the stream GEMV: 8 rows run cuBLAS.
-  Gemm gemm;
+  // Gemm::run_fused only where run() takes the stream GEMV: with kAuto's bounds at 4 rows, 8 rows
+  // run cuBLAS.
+  std::unique_ptr<Gemm> made;
+  {
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "4,3072");
+    made = std::make_unique<Gemm>();
+  }
+  const Gemm& gemm = *made;
   DeviceBuffer<std::uint16_t> x8(8 * k), y8(8 * n);
   EXPECT_FALSE(gemm.fuses_norm({x8.data(), w.data(), y8.data(), 8, k, n, GemmOut::kBF16}));
   EXPECT_EQ(
@@ -261,7 +268,7 @@ TEST_F(StreamGemvFusionGpu, AutoBoundsFromTheEnvironment) {
   {
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_stream_gemv(rows4));
-    EXPECT_FALSE(gemm.uses_stream_gemv(rows8));
+    EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
     EXPECT_FALSE(gemm.uses_stream_gemv(out4096));
   }
   {
