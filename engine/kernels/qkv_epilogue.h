@@ -15,7 +15,8 @@
 // the page table, inv_freq and the weights are read before the wait: the kernel ahead must not
 // write them.
 // Graph-safe: *num_rows is read on the device, the grid is sized from max_rows, rows past the live
-// count exit at once (q_out and the cache keep what they held), nothing is allocated or synced.
+// count read and write nothing of theirs (q_out and the cache keep what they held; their blocks
+// only reach the wait, then exit), nothing is allocated or synced.
 #pragma once
 
 #include <cuda_runtime.h>
