@@ -37,10 +37,11 @@ namespace graphdecode::attn {
 // kNarrow (decode layout, <= 8 rows): the mma's roles swap, S^T = K Q^T and O^T += V^T P^T, so a
 // warp's 16 keys are the M dimension and the rows the N = 8 one (half the mma work of 16 padded
 // rows as M; a thread then holds rows 2 * t4 and 2 * t4 + 1, for keys / dims g and g + 8).
-template <typename T, int kHeadDim, int kWarpsKV, bool kNarrow = false>
+// kDense: the dense decode kernel's stages (TileConfig).
+template <typename T, int kHeadDim, int kWarpsKV, bool kNarrow = false, bool kDense = false>
 __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w, bool early, T* sQ,
                                        T* sK, T* sV, float* s_ml) {
-  using C = TileConfig<kHeadDim>;
+  using C = TileConfig<kHeadDim, kMaxRows, kDense>;
   static_assert(!kNarrow || kWarpsKV == 4, "the narrow layout is a decode layout");
   constexpr int kKeysPerWarp = kBlockN / kWarpsKV;  // 16 or 64
   constexpr int kNB = kKeysPerWarp / 8;             // score n-blocks per warp
@@ -384,10 +385,14 @@ __device__ __forceinline__ void attend_extend_wide(const KernelParams& p, const 
 // half the K/V copies and barriers per product. A separate kernel because its registers (two
 // halves' accumulators) would cost the decode layouts a CTA per SM (PagedAttention picks it per
 // plan, paged_attention.cu).
-template <typename T, int kHeadDim, bool kWide = false>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+// kDense (kDenseDecode head dims, attention_policy.h): kDenseBlocksPerSm CTAs per SM, registers
+// capped for it, kDenseStages stages; its extend items take the mma.sync layout (the warpgroup
+// body needs 3 stages). The same decode-layout code, so the same decode outputs bit for bit.
+template <typename T, int kHeadDim, bool kWide = false, bool kDense = false>
+__global__ void __launch_bounds__(kThreads, kDense ? kDenseBlocksPerSm : kMinBlocksPerSm)
     attention_kernel(const __grid_constant__ KernelParams p) {
-  using C = KernelTiles<kHeadDim, kWide>;
+  static_assert(!(kWide && kDense), "the dense kernel has 64-row extend tiles");
+  using C = KernelTiles<kHeadDim, kWide, kDense>;
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ float s_ml[4 * 16 * 2];
   __shared__ int s_flag;
@@ -421,9 +426,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       // that the d64 model step feels (NOTES 53).
       if (w.q_len * p.call.group <= 8 &&
           (kHeadDim >= kNarrowMinHeadDim || w.ke - w.kb >= kNarrowMinKeys))
-        attend<T, kHeadDim, 4, true>(p, w, early, sQ, sK, sV, s_ml);
+        attend<T, kHeadDim, 4, true, kDense>(p, w, early, sQ, sK, sV, s_ml);
       else if (w.q_len * p.call.group <= kDecodeRows)
-        attend<T, kHeadDim, 4>(p, w, early, sQ, sK, sV, s_ml);
+        attend<T, kHeadDim, 4, false, kDense>(p, w, early, sQ, sK, sV, s_ml);
+      else if constexpr (kDense)
+        attend<T, kHeadDim, 1, false, true>(p, w, early, sQ, sK, sV, s_ml);
       else if constexpr (kWide)
         attend_extend_wide<T, kHeadDim>(p, w, early, wgmma_tiles_aligned(smem), sQ, sK, sV, s_ml);
       else if (GD_ATTN_HAS_WGMMA && kWgmmaExtend<kHeadDim> && wgmma_tiles_aligned(smem))

@@ -33,6 +33,27 @@ inline constexpr int kPipelineStages = kHeadDim <= 128 ? GD_ATTN_STAGES : 2;
 #endif
 inline constexpr int kMinBlocksPerSm = GD_ATTN_MIN_BLOCKS;
 
+// The dense decode kernel (head dim 64): 4 CTAs per SM (registers capped at 128) with 2 K/V stages
+// (40 KB of shared memory), against 3 per SM at 151 registers and 3 stages. A batch of many
+// (request, KV head) items fits more of them in one wave. 1: bench/NOTES.md 99, H200, 1B step
+// (bench_decode, one binary, t76) B = 64 L = 1024 2008 -> 1816 us, B = 128 2638 -> 2540, B = 32
+// L = 4096 2506 -> 2235; the whole kernel at 4 per SM (t75) made B = 1 1018 -> 1035 and B = 8
+// 1163 -> 1196, so PagedAttention picks it per call (AttentionBatch::requests_hint).
+#ifndef GD_ATTN_DENSE_DECODE
+#define GD_ATTN_DENSE_DECODE 1
+#endif
+template <int kHeadDim>
+inline constexpr bool kDenseDecode = GD_ATTN_DENSE_DECODE != 0 && kHeadDim == 64;
+inline constexpr int kDenseBlocksPerSm = 4;
+inline constexpr int kDenseStages = 2;
+// (request, KV head) items from which a call takes the dense kernel: requests_hint x KV heads.
+// 256: NOTES 99 (8 KV heads): B = 32 (256 items) gained at L = 1024 and 4096 (t76), B = 8 (64)
+// lost with the kernel at 4 per SM (t75).
+#ifndef GD_ATTN_DENSE_MIN_ITEMS
+#define GD_ATTN_DENSE_MIN_ITEMS 256
+#endif
+inline constexpr int kDenseMinItems = GD_ATTN_DENSE_MIN_ITEMS;
+
 // ---- adaptive split-KV -------------------------------------------------------------------------
 
 // Waves of CTAs the adaptive split aims at; 0 = one wave of resident CTAs (occupancy x SMs).

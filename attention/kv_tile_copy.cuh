@@ -15,11 +15,13 @@
 namespace graphdecode::attn {
 
 // Shared-memory geometry of a CTA: Q (kQRows rows: kMaxRows, or kWideRows in the wide-tile
-// kernel), then kStages stages of K and of V.
-template <int kHeadDim, int kQRows = kMaxRows>
+// kernel), then kStages stages of K and of V (kDense: the dense decode kernel's, fewer stages).
+template <int kHeadDim, int kQRows = kMaxRows, bool kDense = false>
 struct TileConfig {
   static constexpr int kStages =  // attention_policy.h
-      kQRows > kMaxRows ? kWideStages : kPipelineStages<kHeadDim>;
+      kQRows > kMaxRows ? kWideStages
+      : kDense          ? kDenseStages
+                        : kPipelineStages<kHeadDim>;
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kQElems = kQRows * kHeadDim;
   static constexpr int kKVElems = kStages * kBlockN * kHeadDim;  // each of K and V
@@ -27,9 +29,10 @@ struct TileConfig {
   // The decode layout's cross-warp merge reuses the K/V area: 4 warps x 16 rows x head_dim floats.
   static_assert(4 * 16 * kHeadDim * 4 <= 2 * kKVElems * 2, "merge buffer must fit in K/V area");
 };
-// The geometry of attention_kernel<T, kHeadDim, kWide> (kWide: 128-row extend tiles).
-template <int kHeadDim, bool kWide>
-using KernelTiles = TileConfig<kHeadDim, kWide ? kWideRows : kMaxRows>;
+// The geometry of attention_kernel<T, kHeadDim, kWide, kDense> (kWide: 128-row extend tiles;
+// kDense: the dense decode kernel, attention_policy.h kDenseDecode).
+template <int kHeadDim, bool kWide, bool kDense = false>
+using KernelTiles = TileConfig<kHeadDim, kWide ? kWideRows : kMaxRows, kDense>;
 
 // Copies the query tile of an item into sQ: row R = (token R / group, head kv_head * group +
 // R % group), rows past w.rows zero-filled. kSlabs: slab_offset's layout (the warpgroup body).

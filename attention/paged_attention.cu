@@ -35,10 +35,10 @@ std::vector<unsigned long long> read_trace() {
 #endif
 
 // Allows the kernel its dynamic shared memory; returns how many of its CTAs fit on one SM.
-template <typename T, int kHeadDim, bool kWide = false>
+template <typename T, int kHeadDim, bool kWide = false, bool kDense = false>
 int enable_smem() {
-  const auto kernel = attention_kernel<T, kHeadDim, kWide>;
-  constexpr std::size_t bytes = KernelTiles<kHeadDim, kWide>::kSmemBytes;
+  const auto kernel = attention_kernel<T, kHeadDim, kWide, kDense>;
+  constexpr std::size_t bytes = KernelTiles<kHeadDim, kWide, kDense>::kSmemBytes;
   GD_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(bytes)));
   int resident = 0;
@@ -52,19 +52,19 @@ int enable_smem() {
 // read or write, so the order of the stream is kept (bench/NOTES.md 13, 26). With p.early_kv
 // (run_planned(..., PriorWrites::kQueryAndNewKv)) it reads the work item and the older K/V tiles
 // before that wait (NOTES 49).
-template <typename T, int kHeadDim, bool kWide>
+template <typename T, int kHeadDim, bool kWide, bool kDense = false>
 void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = KernelTiles<kHeadDim, kWide>::kSmemBytes;
+  cfg.dynamicSmemBytes = KernelTiles<kHeadDim, kWide, kDense>::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim, kWide>, kp));
+  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim, kWide, kDense>, kp));
   GD_CHECK_LAUNCH();
 }
 
@@ -121,6 +121,15 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
       wave_min_keys_ = keys;
     }
   }
+  dense_min_items_ = kDenseMinItems;
+  if (const char* env = std::getenv("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS")) {  // A/B runs, tests
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    GD_REQUIRE(end != env && *end == '\0' && v >= 0 && v <= INT32_MAX,
+               "GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", env,
+               "must be an integer >= 0 (requests x KV heads; 0: never the dense decode kernel)");
+    dense_min_items_ = static_cast<std::int32_t>(v);
+  }
   // The split grows the work list, which is the grid where the grid is not persistent.
   if (!dispatch(c.dtype, c.head_dim, [](auto, auto d) { return kPersistent<d.value>; }))
     wave_chunks_ = 1;
@@ -141,6 +150,14 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   });
   target_ctas_wide_ = (kTargetWaves > 0 ? kTargetWaves : resident_wide) * sms;
   if (resident_wide <= 0) target_ctas_wide_ = 0;
+  // The dense decode kernel (kDenseDecode head dims): its own residency and target.
+  const int resident_dense = dispatch(c.dtype, c.head_dim, [](auto t, auto d) {
+    if constexpr (kDenseDecode<d.value>) return enable_smem<decltype(t), d.value, false, true>();
+    return 0;
+  });
+  target_ctas_dense_ = (kTargetWaves > 0 ? kTargetWaves : resident_dense) * sms;
+  if (resident_dense <= 0) target_ctas_dense_ = 0;
+  const std::int64_t target_max = std::max({target_ctas_, target_ctas_wide_, target_ctas_dense_});
 
   // Query tiles of a call at most, with tiles of `rows` rows: a request's partial tile each.
   const auto tiles_cap_of = [&](int rows) {
@@ -165,9 +182,8 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
     if (base_items < target_ctas_ &&
         !(wide_for_tokens(c.max_q_tokens) && wide_items >= target_ctas_wide_))
       wave_chunks_ = 1;
-    max_work_ = base_items * (wave_chunks_ > 1 ? wave_chunks_ + 1 : 1) +
-                std::max(target_ctas_, target_ctas_wide_);
-    max_partials_ = 3LL * target_ctas_ * kMaxRows;
+    max_work_ = base_items * (wave_chunks_ > 1 ? wave_chunks_ + 1 : 1) + target_max;
+    max_partials_ = 3LL * std::max(target_ctas_, target_ctas_dense_) * kMaxRows;
   }
   GD_REQUIRE(max_work_ < (1LL << 31) && max_partials_ < (1LL << 31), "max_q_tokens", c.max_q_tokens,
              "capacities too large for one attention call");
@@ -221,11 +237,29 @@ bool PagedAttention::wide_for_tokens(std::int32_t tokens) const noexcept {
   return target_ctas_wide_ > 0 && rows >= attn::kWideMinRows;
 }
 
-bool PagedAttention::wide_tiles(const AttentionBatch& batch) const noexcept {
-  return wide_for_tokens(batch.query_tokens_hint);
+attn::KernelChoice PagedAttention::choose(const AttentionBatch& batch) const noexcept {
+  if (wide_for_tokens(batch.query_tokens_hint)) return attn::KernelChoice::kWide;
+  const long long items = static_cast<long long>(batch.requests_hint) * config_.num_kv_heads;
+  if (target_ctas_dense_ > 0 && dense_min_items_ > 0 && items >= dense_min_items_)
+    return attn::KernelChoice::kDense;
+  return attn::KernelChoice::kBase;
 }
 
-attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool wide) const {
+std::int32_t PagedAttention::target_of(attn::KernelChoice kernel) const noexcept {
+  switch (kernel) {
+    case attn::KernelChoice::kWide:
+      return target_ctas_wide_;
+    case attn::KernelChoice::kDense:
+      return target_ctas_dense_;
+    case attn::KernelChoice::kBase:
+      break;
+  }
+  return target_ctas_;
+}
+
+attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch,
+                                             attn::KernelChoice kernel) const {
+  const bool wide = kernel == attn::KernelChoice::kWide;
   using namespace attn;
   const AttentionConfig& c = config_;
   GD_REQUIRE(batch.num_requests && batch.slot && batch.q_start && batch.kv_len, "batch", "null",
@@ -244,7 +278,7 @@ attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool w
   pp.causal = c.mode == AttentionMode::kCausal;
   pp.deterministic = c.deterministic;
   pp.split_tokens = split_tokens_;
-  pp.target_ctas = wide ? target_ctas_wide_ : target_ctas_;
+  pp.target_ctas = target_of(kernel);
   pp.wave_chunks = wave_chunks_;
   pp.wave_min_keys = wave_min_keys_;
   pp.max_partials = max_partials_;
@@ -253,26 +287,27 @@ attn::PlanParams PagedAttention::plan_params(const AttentionBatch& batch, bool w
 }
 
 void PagedAttention::plan(const AttentionBatch& batch, cudaStream_t stream) const {
-  const bool wide = wide_tiles(batch);
-  attn::plan_kernel<<<1, attn::kPlanThreads, 0, stream>>>(plan_params(batch, wide));
+  const attn::KernelChoice kernel = choose(batch);
+  attn::plan_kernel<<<1, attn::kPlanThreads, 0, stream>>>(plan_params(batch, kernel));
   GD_CHECK_LAUNCH();
-  planned_wide_ = wide;  // the plan's tiles; run_planned() launches the kernel for them
+  planned_ = kernel;  // the plan's tiles and wave; run_planned() launches the kernel for them
 }
 
 void PagedAttention::run_planned(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                                  void* out, float* lse, cudaStream_t stream,
                                  PriorWrites prior) const {
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_wide_, prior, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_, prior, stream);
 }
 
 void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKvView& kv,
                                       const void* q, void* out, float* lse, bool self_plan,
-                                      bool wide, PriorWrites prior, cudaStream_t stream) const {
+                                      attn::KernelChoice kernel, PriorWrites prior,
+                                      cudaStream_t stream) const {
   using namespace attn;
   const AttentionConfig& c = config_;
   // Host-side checks of shapes only (no device reads): the step path stays sync-free.
   KernelParams kp{};
-  kp.call = plan_params(batch, wide);  // checks the batch pointers
+  kp.call = plan_params(batch, kernel);  // checks the batch pointers
   GD_REQUIRE(q != nullptr && out != nullptr, "q/out", "null", "query and output must be set");
   GD_REQUIRE(kv.num_kv_heads == c.num_kv_heads, "kv.num_kv_heads", kv.num_kv_heads,
              "does not match the attention config");
@@ -310,12 +345,18 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
     // One wave of resident CTAs at most; CTAs that finish claim the items past it (kPersistent).
     // A grid of the work capacity would launch CTAs that find no work, each of which still pays
     // its launch and the plan read (bench/NOTES.md 54).
-    const std::int64_t target = wide ? target_ctas_wide_ : target_ctas_;
+    const std::int64_t target = target_of(kernel);
     const std::int64_t grid =
         kPersistent<d.value> ? std::min<std::int64_t>(max_work_, target) : max_work_;
     if constexpr (kWideExtend<d.value>) {
-      if (wide) {
+      if (kernel == KernelChoice::kWide) {
         launch<decltype(t), d.value, true>(kp, static_cast<int>(grid), stream);
+        return;
+      }
+    }
+    if constexpr (kDenseDecode<d.value>) {
+      if (kernel == KernelChoice::kDense) {
+        launch<decltype(t), d.value, false, true>(kp, static_cast<int>(grid), stream);
         return;
       }
     }
@@ -326,14 +367,14 @@ void PagedAttention::launch_attention(const AttentionBatch& batch, const PagedKv
 void PagedAttention::run(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
                          void* out, float* lse, cudaStream_t stream) const {
   if (config_.max_batch <= attn::kThreads) {  // every CTA plans the batch itself (NOTES 18)
-    planned_wide_ = wide_tiles(batch);
-    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, planned_wide_,
-                     PriorWrites::kAnything, stream);
+    planned_ = choose(batch);
+    launch_attention(batch, kv, q, out, lse, /*self_plan=*/true, planned_, PriorWrites::kAnything,
+                     stream);
     return;
   }
   plan(batch, stream);
-  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_wide_,
-                   PriorWrites::kAnything, stream);
+  launch_attention(batch, kv, q, out, lse, /*self_plan=*/false, planned_, PriorWrites::kAnything,
+                   stream);
 }
 
 }  // namespace graphdecode

@@ -37,6 +37,9 @@ namespace graphdecode {
 namespace attn {
 struct PlanView;
 struct PlanParams;
+// The attention kernel a call runs: the base one, 128-row extend tiles (wide), or the dense
+// decode kernel (AttentionBatch's hints pick it; paged_attention.cu).
+enum class KernelChoice : std::uint8_t { kBase, kWide, kDense };
 }  // namespace attn
 
 enum class AttentionMode : std::uint8_t { kCausal = 0, kCross = 1 };
@@ -73,6 +76,15 @@ struct AttentionBatch {
   // kWideMinRows in attention/attention_policy.h) runs 128-row query tiles at head dim 64: the
   // same outputs, faster on long prompts. A plan and the runs over it use the plan's choice.
   std::int32_t query_tokens_hint = 0;
+  // Host-side as well: about how many requests the call has (a decode or verify graph's bucket;
+  // 0 = unknown or few). At head dim 64, a call of at least kDenseMinItems (requests x KV heads,
+  // attention/attention_policy.h) runs the dense decode kernel (4 CTAs per SM): faster at large
+  // batch, slower at small. Decode items come out bitwise the same (same code, same chunks in
+  // deterministic mode; in adaptive mode the chunks follow the kernel's wave, as they follow the
+  // batch). query_tokens_hint's wide tiles take precedence. The environment's
+  // GRAPHDECODE_ATTN_DENSE_MIN_ITEMS (an integer >= 0; 0 = never) replaces kDenseMinItems when a
+  // PagedAttention is made (A/B runs, tests).
+  std::int32_t requests_hint = 0;
 };
 
 struct AttentionConfig {
@@ -121,8 +133,10 @@ class PagedAttention {
                    PriorWrites prior = PriorWrites::kAnything) const;
 
   const AttentionConfig& config() const noexcept { return config_; }
-  // Whether the last plan() or run() chose 128-row extend tiles (tests, benchmarks).
-  bool wide_tiles_chosen() const noexcept { return planned_wide_; }
+  // Whether the last plan() or run() chose 128-row extend tiles / the dense decode kernel (tests,
+  // benchmarks).
+  bool wide_tiles_chosen() const noexcept { return planned_ == attn::KernelChoice::kWide; }
+  bool dense_decode_chosen() const noexcept { return planned_ == attn::KernelChoice::kDense; }
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
   // Adaptive split-KV's aim: one wave of resident CTAs (decode and 64-row extend tiles).
@@ -133,30 +147,37 @@ class PagedAttention {
 
  private:
   attn::PlanView plan_view() const;
-  // wide: 128-row extend tiles (wide_tiles(batch)).
-  attn::PlanParams plan_params(const AttentionBatch& batch, bool wide) const;
-  bool wide_tiles(const AttentionBatch& batch) const noexcept;
+  // kernel: the attention kernel the plan is for (choose(batch)); its wave is the split's aim.
+  attn::PlanParams plan_params(const AttentionBatch& batch, attn::KernelChoice kernel) const;
+  // The kernel of a call from its hints: wide tiles, else the dense decode kernel, else the base.
+  attn::KernelChoice choose(const AttentionBatch& batch) const noexcept;
   // A call of `tokens` query tokens runs 128-row tiles (kWideMinRows rows at a head dim that has
   // the wide kernel).
   bool wide_for_tokens(std::int32_t tokens) const noexcept;
+  // The adaptive split's aim (one wave of resident CTAs) for a kernel.
+  std::int32_t target_of(attn::KernelChoice kernel) const noexcept;
   // self_plan: no plan kernel, every CTA plans the batch itself; else the plan is in place.
   void launch_attention(const AttentionBatch& batch, const PagedKvView& kv, const void* q,
-                        void* out, float* lse, bool self_plan, bool wide, PriorWrites prior,
-                        cudaStream_t stream) const;
+                        void* out, float* lse, bool self_plan, attn::KernelChoice kernel,
+                        PriorWrites prior, cudaStream_t stream) const;
   AttentionConfig config_;
-  std::int32_t split_tokens_ = 0;      // effective deterministic chunk size
-  std::int32_t target_ctas_ = 0;       // adaptive split-KV aims at about this many CTAs
-  std::int32_t target_ctas_wide_ = 0;  // ... in a wide-tile call (0: no wide kernel)
-  std::int32_t wave_chunks_ = 1;       // past one wave: chunks per request at most (1 = off)
-  std::int32_t wave_min_keys_ = 0;     // ... of at least this many keys
-  mutable bool planned_wide_ = false;  // the last plan() (or run()) chose wide tiles; run_planned
-                                       // follows the plan's choice
-  std::int64_t max_chunks_ = 0;        // chunks per request at most
-  std::int64_t max_work_ = 0;          // work-list capacity = attention grid size
-  std::int64_t max_partials_ = 0;      // partial (token, head, chunk) capacity
-  DeviceBuffer<std::int32_t> plan_;    // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
-  DeviceBuffer<float> partial_o_;      // [max_partials][head_dim]
-  DeviceBuffer<float> partial_lse_;    // [max_partials]
+  std::int32_t split_tokens_ = 0;       // effective deterministic chunk size
+  std::int32_t target_ctas_ = 0;        // adaptive split-KV aims at about this many CTAs
+  std::int32_t target_ctas_wide_ = 0;   // ... in a wide-tile call (0: no wide kernel)
+  std::int32_t target_ctas_dense_ = 0;  // ... in a dense decode call (0: no dense kernel)
+  // requests_hint x KV heads from which a call takes the dense kernel (0: never); kDenseMinItems,
+  // or GRAPHDECODE_ATTN_DENSE_MIN_ITEMS.
+  std::int32_t dense_min_items_ = 0;
+  std::int32_t wave_chunks_ = 1;    // past one wave: chunks per request at most (1 = off)
+  std::int32_t wave_min_keys_ = 0;  // ... of at least this many keys
+  // The last plan()'s (or run()'s) kernel; run_planned follows the plan's choice.
+  mutable attn::KernelChoice planned_ = attn::KernelChoice::kBase;
+  std::int64_t max_chunks_ = 0;      // chunks per request at most
+  std::int64_t max_work_ = 0;        // work-list capacity = attention grid size
+  std::int64_t max_partials_ = 0;    // partial (token, head, chunk) capacity
+  DeviceBuffer<std::int32_t> plan_;  // [7 * max_batch + 2 + max_work] the plan (attn::PlanView)
+  DeviceBuffer<float> partial_o_;    // [max_partials][head_dim]
+  DeviceBuffer<float> partial_lse_;  // [max_partials]
   // [max_work + 1] split-KV arrival counters, then the counter of work items claimed past the
   // grid; all 0 at rest.
   DeviceBuffer<std::int32_t> counters_;

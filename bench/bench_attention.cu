@@ -65,8 +65,9 @@ Device device_info() {
 // replays each). The graphs' replays alternate, so clock or power drift after a heavy shape
 // shifts all of them alike (timing them one after the other once showed a 30 us gap at B=256
 // between two graphs whose kernels ncu times equal).
-bool g_flush = true;      // --no-flush turns the L2 flush off, to tell cold-cache costs apart
-bool g_tile_hint = true;  // --narrow-tiles: no AttentionBatch::query_tokens_hint
+bool g_flush = true;       // --no-flush turns the L2 flush off, to tell cold-cache costs apart
+bool g_tile_hint = true;   // --narrow-tiles: no AttentionBatch::query_tokens_hint
+bool g_dense_hint = true;  // --no-dense: no AttentionBatch::requests_hint (dense decode kernel)
 // Diagnosis of the paged-gather cost: --page N (default 16), and where a request's pages lie in
 // the pool (bench/NOTES.md 69, 71): shuffled over the whole pool (the table's), or
 // --shuffle-within N (shuffled inside aligned groups of N pool pages: near in address, far in DRAM
@@ -214,6 +215,8 @@ Result bench_shape(std::int32_t b, std::int32_t l, std::int32_t n, bool det, int
   batch.kv_len = d_kv.data();
   // The call's query tokens, as an engine's extend step gives them (wide tiles from 4096 rows).
   batch.query_tokens_hint = g_tile_hint ? b * n : 0;
+  // ...and its requests, as an engine's decode step gives them (the dense decode kernel at d64).
+  batch.requests_hint = g_dense_hint && n == 1 ? b : 0;
   PagedKvView kv;
   kv.k = ks[0].data();
   kv.v = vs[0].data();
@@ -369,6 +372,8 @@ int run_main(int argc, char** argv) {
       }
     } else if (a == "--narrow-tiles") {  // no query-token hint: 64-row extend tiles (A/B)
       g_tile_hint = false;
+    } else if (a == "--no-dense") {  // no requests hint: the base decode kernel (A/B)
+      g_dense_hint = false;
     } else if (a == "--no-flush") {  // L2 left warm between replays (diagnosis only)
       g_flush = false;
     } else if (a == "--page" && i + 1 < argc) {  // page size (diagnosis only)
@@ -400,7 +405,8 @@ int run_main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
-          "[--narrow-tiles] [--no-flush] [--page N] [--ordered-pages | --reversed-pages | "
+          "[--narrow-tiles] [--no-dense] [--no-flush] [--page N] [--ordered-pages | "
+          "--reversed-pages | "
           "--shuffle-within N | "
           "--interleaved-pages] "
           "[--head-dim D]\n",

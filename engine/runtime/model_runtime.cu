@@ -84,11 +84,12 @@ AttentionBatch ModelRuntime::batch(AttentionKind k, const StepMetaView& meta) co
 }
 
 void ModelRuntime::plan(const StepMetaView& meta, cudaStream_t stream,
-                        std::int32_t query_tokens_hint) const {
+                        std::int32_t query_tokens_hint, std::int32_t requests_hint) const {
   for (int k = 0; k < kNumAttentionKinds; ++k) {
     if (!attention_[k]) continue;
     AttentionBatch b = batch(static_cast<AttentionKind>(k), meta);
     b.query_tokens_hint = query_tokens_hint;
+    b.requests_hint = requests_hint;
     attention_[k]->plan(b, stream);
   }
 }

@@ -46,11 +46,14 @@ class ModelRuntime {
   // block); after that block is written, before any layer of the phase. query_tokens_hint: the
   // phase's query tokens where the host knows them (prompt_tokens_hint(shape)), 0 otherwise: it
   // picks the attention's tile size (AttentionBatch), which the phase's layers then follow.
-  void plan(cudaStream_t stream, std::int32_t query_tokens_hint = 0) const {
-    plan(meta(), stream, query_tokens_hint);
+  // requests_hint: a decode phase's bucket (decode_requests_hint(shape)), 0 otherwise: it picks
+  // the dense decode kernel at large batch (AttentionBatch::requests_hint).
+  void plan(cudaStream_t stream, std::int32_t query_tokens_hint = 0,
+            std::int32_t requests_hint = 0) const {
+    plan(meta(), stream, query_tokens_hint, requests_hint);
   }
-  void plan(const StepMetaView& meta, cudaStream_t stream,
-            std::int32_t query_tokens_hint = 0) const;
+  void plan(const StepMetaView& meta, cudaStream_t stream, std::int32_t query_tokens_hint = 0,
+            std::int32_t requests_hint = 0) const;
   AttentionContext layer(std::int32_t layer) const { return this->layer(layer, meta()); }
   AttentionContext layer(std::int32_t layer, const StepMetaView& meta) const;
   // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype)

@@ -8,6 +8,7 @@
 #include <functional>
 #include <sstream>
 
+#include "attention/attention_params.cuh"
 #include "attention/attention_policy.h"
 #include "common/stream.h"
 
@@ -134,10 +135,11 @@ std::vector<Req> extend_reqs(Rng& rng, std::int32_t batch, std::int32_t min_q, s
 
 Outputs run_eager(const PagedAttention& attn, DevicePagedBatch& dev, std::int32_t total_q,
                   cudaStream_t stream, bool with_lse, bool with_window_ptr,
-                  std::int32_t query_tokens_hint) {
+                  std::int32_t query_tokens_hint, std::int32_t requests_hint) {
   dev.poison_outputs(stream);
   AttentionBatch batch = dev.batch(with_window_ptr);
   batch.query_tokens_hint = query_tokens_hint;
+  batch.requests_hint = requests_hint;
   attn.run(batch, dev.view(), dev.q(), dev.out(), with_lse ? dev.lse() : nullptr, stream);
   Outputs o;
   o.out = dev.download_out(total_q, stream);
@@ -212,6 +214,26 @@ std::string describe(const Shape& s, const std::vector<Req>& reqs, const CaseOpt
       r = bitwise_equal(got, 0, wide, 0, host.total_q(), shape.num_q_heads * shape.head_dim,
                         shape.num_q_heads);
     if (!r) r << "\n  (wide tiles)";
+  }
+  if (r && opts.dense_decode) {
+    if (attn.dense_decode_chosen())
+      return ::testing::AssertionFailure() << "a run without the hint chose the dense kernel";
+    const Outputs dense = run_eager(attn, dev, host.total_q(), stream, opts.with_lse,
+                                    opts.with_window_ptr, 0, /*requests_hint=*/1 << 20);
+    const bool want = shape.head_dim == 64 && attn::kDenseDecode<64>;
+    if (want != attn.dense_decode_chosen())
+      r = ::testing::AssertionFailure()
+          << "the hint chose the dense kernel: " << attn.dense_decode_chosen();
+    else
+      r = matches_reference(ref, dense.out, opts.with_lse ? &dense.lse : nullptr, shape.dtype,
+                            opts.tol);
+    const std::int32_t group = shape.num_q_heads / shape.num_kv_heads;
+    bool decode_tiles = true;
+    for (const Req& q : reqs) decode_tiles = decode_tiles && q.q_len * group <= attn::kDecodeRows;
+    if (r && opts.deterministic && decode_tiles)
+      r = bitwise_equal(got, 0, dense, 0, host.total_q(), shape.num_q_heads * shape.head_dim,
+                        shape.num_q_heads);
+    if (!r) r << "\n  (dense decode kernel)";
   }
   if (!r) r << "\n  case: " << describe(shape, reqs, opts);
   return r;

@@ -55,10 +55,11 @@ struct Outputs {
 };
 
 // Poisons the outputs, runs attn eagerly on `dev`, downloads the first total_q rows.
-// query_tokens_hint: AttentionBatch::query_tokens_hint (0: 64-row extend tiles).
+// query_tokens_hint: AttentionBatch::query_tokens_hint (0: 64-row extend tiles); requests_hint:
+// AttentionBatch::requests_hint (0: no dense decode kernel).
 Outputs run_eager(const PagedAttention& attn, DevicePagedBatch& dev, std::int32_t total_q,
                   cudaStream_t stream, bool with_lse = true, bool with_window_ptr = true,
-                  std::int32_t query_tokens_hint = 0);
+                  std::int32_t query_tokens_hint = 0, std::int32_t requests_hint = 0);
 
 // Bitwise equality of rows [a_row, a_row + rows) of `a` and [b_row, ...) of `b` (out and lse).
 ::testing::AssertionResult bitwise_equal(const Outputs& a, std::int32_t a_row, const Outputs& b,
@@ -75,6 +76,10 @@ struct CaseOptions {
   // against the reference too, and bitwise against the 64-row run when deterministic (the same
   // chunks; a row's key tiles and their order do not depend on the tile's height).
   bool wide_tiles = false;
+  // Also run with AttentionBatch::requests_hint set (the dense decode kernel at head dim 64):
+  // against the reference too, and bitwise against the base run when deterministic and every
+  // request is a decode-layout tile (the same code and chunks; extend tiles take mma.sync there).
+  bool dense_decode = false;
   Tolerance tol;
 };
 

@@ -3,6 +3,7 @@
 // and long context; sliding windows with invalid pages before the window; bad configurations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "attention_check.h"
@@ -142,6 +143,40 @@ TEST_F(AttentionDecode, LongChunksRepeatBitwise) {
                                 shape.num_q_heads * shape.head_dim, shape.num_q_heads))
           << "run " << rep << " != run 0, " << what;
     }
+  }
+}
+
+// The dense decode kernel (AttentionBatch::requests_hint, head dim 64: 4 CTAs per SM, 2 stages):
+// each case runs without the hint, then with it, both against the float64 reference, and bitwise
+// equal in deterministic mode. Batches past the dense kernel's wave (96 x 8 KV heads = 768 items
+// for 528 CTAs on 132 SMs: the claim loop), the wave split (adaptive, up to 3000 keys), contexts
+// around page and tile edges, groups 1 / 4 / 7, pages 1 / 16 / 64, fp16, windows with invalid pages
+// before them; at head dim 128 the hint must leave the base kernel.
+TEST_F(AttentionDecode, DenseKernelMatchesTheReferenceAndTheBaseBitwise) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  std::vector<Req> edges;
+  for (std::int32_t ctx : {1, 2, 15, 16, 17, 63, 64, 65, 1023, 1024, 1025, 2048, 2049, 4097})
+    edges.push_back(Req{1, ctx});
+  std::shuffle(edges.begin(), edges.end(), rng);
+  for (bool det : {true, false}) {
+    CaseOptions o;
+    o.dense_decode = true;
+    o.deterministic = det;
+    EXPECT_TRUE(run_case({32, 8, 64, 16, kBF16, kCausal}, decode_reqs(rng, 96, 1, 3000), o, rng));
+    EXPECT_TRUE(run_case({32, 8, 64, 16, kBF16, kCausal}, edges, o, rng));
+    EXPECT_TRUE(run_case({32, 8, 64, 1, kFP16, kCausal}, decode_reqs(rng, 40, 1, 1500), o, rng));
+    EXPECT_TRUE(run_case({7, 1, 64, 64, kBF16, kCausal}, decode_reqs(rng, 8, 1, 9000), o, rng));
+    EXPECT_TRUE(run_case({8, 8, 64, 1, kBF16, kCausal}, decode_reqs(rng, 33, 1, 700), o, rng));
+    EXPECT_TRUE(run_case({32, 8, 64, 16, kBF16, kCausal}, {{1, 1}}, o, rng));
+    for (std::int32_t window : {0, 15, 16, 1000}) {
+      CaseOptions ow = o;
+      ow.fill = FillOptions{window, true};
+      std::vector<Req> reqs = decode_reqs(rng, 40, 1, 3000);
+      reqs.push_back(Req{1, window + 1});
+      EXPECT_TRUE(run_case({32, 8, 64, 16, kBF16, kCausal}, reqs, ow, rng));
+    }
+    EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, decode_reqs(rng, 40, 1, 2000), o, rng));
   }
 }
 

@@ -111,6 +111,30 @@ TEST_F(AttentionExtend, WideTiles) {
       run_case({8, 2, 128, 16, kBF16, kCausal}, {extend(300, 100), extend(40, 0)}, o128, rng));
 }
 
+// Extend items in the dense decode kernel (a caller's requests_hint on a batch with prompts or
+// verify rows): 16-row verify tiles take its decode layout (bitwise the base kernel's in
+// deterministic mode), longer ones its mma.sync extend layout (against the reference), windows too.
+TEST_F(AttentionExtend, DenseDecodeKernelExtendItems) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  for (bool det : {true, false}) {
+    CaseOptions o;
+    o.dense_decode = true;
+    o.deterministic = det;
+    o.split_tokens = det ? 256 : 0;
+    EXPECT_TRUE(
+        run_case({32, 8, 64, 16, kBF16, kCausal}, extend_reqs(rng, 40, 4, 4, 0, 3000), o, rng));
+    EXPECT_TRUE(
+        run_case({32, 8, 64, 16, kBF16, kCausal}, extend_reqs(rng, 16, 8, 8, 0, 3000), o, rng));
+    EXPECT_TRUE(
+        run_case({8, 2, 64, 16, kFP16, kCausal}, extend_reqs(rng, 6, 1, 300, 0, 2000), o, rng));
+    CaseOptions ow = o;
+    ow.fill = FillOptions{100, true};
+    EXPECT_TRUE(run_case({8, 2, 64, 16, kBF16, kCausal},
+                         {extend(200, 300), extend(1, 1000), extend(101, 40)}, ow, rng));
+  }
+}
+
 TEST_F(AttentionExtend, TargetVerify) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();

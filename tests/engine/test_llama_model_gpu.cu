@@ -183,6 +183,66 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   for (float x : replay) ASSERT_TRUE(std::isfinite(x));
 }
 
+// The dense decode attention kernel (AttentionBatch::requests_hint; forced here at 2 requests by
+// GRAPHDECODE_ATTN_DENSE_MIN_ITEMS=1, the default takes it from 256 requests x KV heads) in the
+// model's decode graphs, full and sliding layers: three replayed steps bitwise equal to a model
+// on the base kernel (every context is under one 64-key chunk, so both run one item per request
+// and head through the same decode-layout code), and an eager run of the last step's shape
+// bitwise equal to its replay.
+TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 31);
+  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
+  std::unique_ptr<Harness> dense, base;
+  {
+    const testing::ScopedEnv on("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "1");
+    dense = std::make_unique<Harness>(w, harness_options(2));
+  }
+  {
+    const testing::ScopedEnv off("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "0");
+    base = std::make_unique<Harness>(w, harness_options(2));
+  }
+  std::vector<StepRequest> dreq = dense->prefill(seqs), breq = base->prefill(seqs);
+  std::vector<std::int32_t> ids;
+  std::vector<float> got, want;
+  for (std::int32_t step = 0; step < 3; ++step) {
+    ids.clear();
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      dreq[p].extend_len = breq[p].extend_len = 1;
+      ids.push_back(static_cast<std::int32_t>((p * 17 + static_cast<std::size_t>(step) * 5 + 2) %
+                                              static_cast<std::size_t>(config.vocab_size)));
+    }
+    ASSERT_EQ(dense->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, dreq, ids, got),
+              StepPath::kGraph);
+    ASSERT_EQ(base->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, breq, ids, want),
+              StepPath::kGraph);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << step;
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+  }
+  // The last step again, eagerly with the replay's shape (tables already applied).
+  const GraphKey* key =
+      dense->graphs->find(StepMode::kDecode, 1, static_cast<std::int32_t>(dreq.size()));
+  ASSERT_NE(key, nullptr);
+  for (StepRequest& r : dreq) r.prefix_len -= 1;
+  StepDesc d;
+  d.mode = StepMode::kDecode;
+  d.tokens_per_request = 1;
+  d.requests = dreq;
+  d.token_ids = ids;
+  dense->step->input().write(d);
+  dense->step->input().upload(dense->stream.get());
+  dense->program->enqueue(key_shape(*key, dense->cap), dense->stream.get());
+  std::vector<float> eager(got.size());
+  GD_CUDA(cudaMemcpyAsync(eager.data(), dense->model->logits(), eager.size() * sizeof(float),
+                          cudaMemcpyDeviceToHost, dense->stream.get()));
+  GD_CUDA(cudaStreamSynchronize(dense->stream.get()));
+  EXPECT_TRUE(dense->runtime->layer(0).attention->dense_decode_chosen());
+  EXPECT_TRUE(dense->runtime->layer(1).attention->dense_decode_chosen());  // the sliding layer
+  EXPECT_FALSE(base->runtime->layer(0).attention->dense_decode_chosen());
+  EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * sizeof(float)), 0);
+}
+
 // Decode steps at rows <= 8 fold each layer's input RMSNorm into the stream GEMVs around it
 // (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 7 requests here.
 // Three replayed decode steps: the fused model's logits within the verify-vs-decode bound of the
