@@ -36,8 +36,8 @@ inline constexpr int kMinBlocksPerSm = GD_ATTN_MIN_BLOCKS;
 // The dense decode kernel (head dim 64): 4 CTAs per SM (registers capped at 128) with 2 K/V stages
 // (40 KB of shared memory), against 3 per SM at 151 registers and 3 stages. A batch of many
 // (request, KV head) items fits more of them in one wave. 1: bench/NOTES.md 99, H200, 1B step
-// (bench_decode, one binary, t76) B = 64 L = 1024 2008 -> 1816 us, B = 128 2638 -> 2540, B = 32
-// L = 4096 2506 -> 2235; the whole kernel at 4 per SM (t75) made B = 1 1018 -> 1035 and B = 8
+// (bench_decode, one binary, t76) B = 64 L = 1024 2008 -> 1816 us, B = 128 2638 -> 2540, L = 4096
+// B = 64 3572 -> 3287; the whole kernel at 4 per SM (t75) made B = 1 1018 -> 1035 and B = 8
 // 1163 -> 1196, so PagedAttention picks it per call (AttentionBatch::requests_hint).
 #ifndef GD_ATTN_DENSE_DECODE
 #define GD_ATTN_DENSE_DECODE 1
@@ -46,11 +46,15 @@ template <int kHeadDim>
 inline constexpr bool kDenseDecode = GD_ATTN_DENSE_DECODE != 0 && kHeadDim == 64;
 inline constexpr int kDenseBlocksPerSm = 4;
 inline constexpr int kDenseStages = 2;
-// (request, KV head) items from which a call takes the dense kernel: requests_hint x KV heads.
-// 256: NOTES 99 (8 KV heads): B = 32 (256 items) gained at L = 1024 and 4096 (t76), B = 8 (64)
-// lost with the kernel at 4 per SM (t75).
+// A call takes the dense kernel when requests_hint x KV heads exceeds the base kernel's wave of
+// resident CTAs (396 on 132 SMs at d64): only then does it hold more of the items at once. Below
+// it, the dense kernel runs the same CTAs with fewer stages. NOTES 99, 1B step (t76, t78, t79): B =
+// 64 (512 items) gained at every context (L = 256 1558 -> 1438 us, 1024 2009 -> 1816); B = 32 (256)
+// lost at short contexts (L = 256 +24 us with its split in 2 chunks, +32 unsplit; the decode_loop
+// example +1-2%) and gained at L = 4096 (-271 us, where its split fills the dense wave); B = 8-24
+// lost (t77). GD_ATTN_DENSE_MIN_ITEMS > 0 replaces the rule by a fixed item count.
 #ifndef GD_ATTN_DENSE_MIN_ITEMS
-#define GD_ATTN_DENSE_MIN_ITEMS 256
+#define GD_ATTN_DENSE_MIN_ITEMS 0
 #endif
 inline constexpr int kDenseMinItems = GD_ATTN_DENSE_MIN_ITEMS;
 

@@ -121,15 +121,6 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
       wave_min_keys_ = keys;
     }
   }
-  dense_min_items_ = kDenseMinItems;
-  if (const char* env = std::getenv("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS")) {  // A/B runs, tests
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    GD_REQUIRE(end != env && *end == '\0' && v >= 0 && v <= INT32_MAX,
-               "GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", env,
-               "must be an integer >= 0 (requests x KV heads; 0: never the dense decode kernel)");
-    dense_min_items_ = static_cast<std::int32_t>(v);
-  }
   // The split grows the work list, which is the grid where the grid is not persistent.
   if (!dispatch(c.dtype, c.head_dim, [](auto, auto d) { return kPersistent<d.value>; }))
     wave_chunks_ = 1;
@@ -158,6 +149,16 @@ PagedAttention::PagedAttention(const AttentionConfig& c) : config_(c) {
   target_ctas_dense_ = (kTargetWaves > 0 ? kTargetWaves : resident_dense) * sms;
   if (resident_dense <= 0) target_ctas_dense_ = 0;
   const std::int64_t target_max = std::max({target_ctas_, target_ctas_wide_, target_ctas_dense_});
+  // Past the base kernel's wave (kDenseMinItems 0), else the fixed count.
+  dense_min_items_ = kDenseMinItems > 0 ? kDenseMinItems : target_ctas_ + 1;
+  if (const char* env = std::getenv("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS")) {  // A/B runs, tests
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    GD_REQUIRE(end != env && *end == '\0' && v >= 0 && v <= INT32_MAX,
+               "GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", env,
+               "must be an integer >= 0 (requests x KV heads; 0: never the dense decode kernel)");
+    dense_min_items_ = static_cast<std::int32_t>(v);
+  }
 
   // Query tiles of a call at most, with tiles of `rows` rows: a request's partial tile each.
   const auto tiles_cap_of = [&](int rows) {
@@ -239,10 +240,13 @@ bool PagedAttention::wide_for_tokens(std::int32_t tokens) const noexcept {
 
 attn::KernelChoice PagedAttention::choose(const AttentionBatch& batch) const noexcept {
   if (wide_for_tokens(batch.query_tokens_hint)) return attn::KernelChoice::kWide;
-  const long long items = static_cast<long long>(batch.requests_hint) * config_.num_kv_heads;
-  if (target_ctas_dense_ > 0 && dense_min_items_ > 0 && items >= dense_min_items_)
-    return attn::KernelChoice::kDense;
-  return attn::KernelChoice::kBase;
+  return dense_decode_for(batch.requests_hint) ? attn::KernelChoice::kDense
+                                               : attn::KernelChoice::kBase;
+}
+
+bool PagedAttention::dense_decode_for(std::int32_t requests) const noexcept {
+  const long long items = static_cast<long long>(requests) * config_.num_kv_heads;
+  return target_ctas_dense_ > 0 && dense_min_items_ > 0 && items >= dense_min_items_;
 }
 
 std::int32_t PagedAttention::target_of(attn::KernelChoice kernel) const noexcept {

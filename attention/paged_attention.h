@@ -76,14 +76,14 @@ struct AttentionBatch {
   // kWideMinRows in attention/attention_policy.h) runs 128-row query tiles at head dim 64: the
   // same outputs, faster on long prompts. A plan and the runs over it use the plan's choice.
   std::int32_t query_tokens_hint = 0;
-  // Host-side as well: about how many requests the call has (a decode or verify graph's bucket;
-  // 0 = unknown or few). At head dim 64, a call of at least kDenseMinItems (requests x KV heads,
-  // attention/attention_policy.h) runs the dense decode kernel (4 CTAs per SM): faster at large
-  // batch, slower at small. Decode items come out bitwise the same (same code, same chunks in
-  // deterministic mode; in adaptive mode the chunks follow the kernel's wave, as they follow the
-  // batch). query_tokens_hint's wide tiles take precedence. The environment's
-  // GRAPHDECODE_ATTN_DENSE_MIN_ITEMS (an integer >= 0; 0 = never) replaces kDenseMinItems when a
-  // PagedAttention is made (A/B runs, tests).
+  // Host-side as well: about how many requests the call has (a decode graph's bucket; 0 = unknown
+  // or few). At head dim 64, a call of more requests x KV heads than the base kernel's wave of
+  // resident CTAs (attention/attention_policy.h kDenseMinItems) runs the dense decode kernel (4
+  // CTAs per SM): faster at large batch, slower at small. Decode items come out bitwise the same
+  // (same code, same chunks in deterministic mode; in adaptive mode the chunks follow the kernel's
+  // wave, as they follow the batch). query_tokens_hint's wide tiles take precedence. The
+  // environment's GRAPHDECODE_ATTN_DENSE_MIN_ITEMS (an integer >= 0 of requests x KV heads; 0 =
+  // never) replaces that rule when a PagedAttention is made (A/B runs, tests).
   std::int32_t requests_hint = 0;
 };
 
@@ -137,6 +137,8 @@ class PagedAttention {
   // benchmarks).
   bool wide_tiles_chosen() const noexcept { return planned_ == attn::KernelChoice::kWide; }
   bool dense_decode_chosen() const noexcept { return planned_ == attn::KernelChoice::kDense; }
+  // Whether a call of requests_hint `requests` (and no wide tiles) runs the dense decode kernel.
+  bool dense_decode_for(std::int32_t requests) const noexcept;
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
   // Adaptive split-KV's aim: one wave of resident CTAs (decode and 64-row extend tiles).
@@ -165,8 +167,9 @@ class PagedAttention {
   std::int32_t target_ctas_ = 0;        // adaptive split-KV aims at about this many CTAs
   std::int32_t target_ctas_wide_ = 0;   // ... in a wide-tile call (0: no wide kernel)
   std::int32_t target_ctas_dense_ = 0;  // ... in a dense decode call (0: no dense kernel)
-  // requests_hint x KV heads from which a call takes the dense kernel (0: never); kDenseMinItems,
-  // or GRAPHDECODE_ATTN_DENSE_MIN_ITEMS.
+  // requests_hint x KV heads from which a call takes the dense kernel (0: never): one more than
+  // the base kernel's wave (target_ctas_), kDenseMinItems when set, or
+  // GRAPHDECODE_ATTN_DENSE_MIN_ITEMS.
   std::int32_t dense_min_items_ = 0;
   std::int32_t wave_chunks_ = 1;    // past one wave: chunks per request at most (1 = off)
   std::int32_t wave_min_keys_ = 0;  // ... of at least this many keys

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "attention/attention_policy.h"
 #include "attention_check.h"
 #include "common/error.h"
 #include "common/stream.h"
 #include "support/gpu_test.h"
+#include "support/scoped_env.h"
 
 namespace graphdecode {
 namespace {
@@ -177,6 +179,47 @@ TEST_F(AttentionDecode, DenseKernelMatchesTheReferenceAndTheBaseBitwise) {
       EXPECT_TRUE(run_case({32, 8, 64, 16, kBF16, kCausal}, reqs, ow, rng));
     }
     EXPECT_TRUE(run_case({32, 8, 128, 16, kBF16, kCausal}, decode_reqs(rng, 40, 1, 2000), o, rng));
+  }
+}
+
+// Which calls take the dense kernel: more requests x KV heads than the base kernel's wave of
+// resident CTAs (target_ctas(); 396 on an H100 / H200 at d64, so the 1B shape from 50 requests), at
+// head dim 64 only; GRAPHDECODE_ATTN_DENSE_MIN_ITEMS replaces the rule (0 = never).
+TEST_F(AttentionDecode, DenseKernelPastTheBaseWave) {
+  AttentionConfig c;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.max_batch = 512;
+  c.max_q_tokens = 512;
+  c.max_kv_len = 4096;
+  const PagedAttention attn(c);
+  const std::int32_t at_wave = attn.target_ctas() / c.num_kv_heads;  // requests filling the wave
+  EXPECT_FALSE(attn.dense_decode_for(0));
+  EXPECT_FALSE(attn.dense_decode_for(at_wave));
+  EXPECT_EQ(attn.dense_decode_for(at_wave + 1), attn::kDenseDecode<64>);
+  EXPECT_EQ(attn.dense_decode_for(512), attn::kDenseDecode<64>);
+  c.head_dim = 128;
+  EXPECT_FALSE(PagedAttention(c).dense_decode_for(512));
+  c.head_dim = 64;
+  {
+    const ScopedEnv never("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "0");
+    EXPECT_FALSE(PagedAttention(c).dense_decode_for(512));
+  }
+  {
+    const ScopedEnv fixed("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "16");
+    const PagedAttention a(c);
+    EXPECT_FALSE(a.dense_decode_for(1));
+    EXPECT_EQ(a.dense_decode_for(2), attn::kDenseDecode<64>);
+  }
+  for (const char* bad : {"-1", "x", "12k", ""}) {
+    const ScopedEnv env("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", bad);
+    try {
+      PagedAttention a(c);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.field()).find("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS"), std::string::npos);
+    }
   }
 }
 
