@@ -123,6 +123,29 @@ struct Harness {
     return path;
   }
 
+  // The decode step just replayed over `req` (prefix_len already advanced by run()) again,
+  // eagerly with the shape of the graph that replayed it (tables already applied; the K/V it
+  // rewrites are the same values); returns its logits rows. False where no decode graph covers it.
+  bool rerun_decode_eagerly(std::vector<StepRequest> req, const std::vector<std::int32_t>& ids,
+                            std::vector<float>& out) {
+    const GraphKey* key = graphs->find(StepMode::kDecode, 1, static_cast<std::int32_t>(req.size()));
+    if (key == nullptr) return false;
+    for (StepRequest& r : req) r.prefix_len -= 1;
+    StepDesc d;
+    d.mode = StepMode::kDecode;
+    d.tokens_per_request = 1;
+    d.requests = req;
+    d.token_ids = ids;
+    step->input().write(d);
+    step->input().upload(stream.get());
+    program->enqueue(key_shape(*key, cap), stream.get());
+    out.resize(req.size() * static_cast<std::size_t>(model->vocab()));
+    GD_CUDA(cudaMemcpyAsync(out.data(), model->logits(), out.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream.get()));
+    GD_CUDA(cudaStreamSynchronize(stream.get()));
+    return true;
+  }
+
   // Prefills `prompts` (one extend step) and returns their requests.
   std::vector<StepRequest> prefill(const std::vector<std::vector<std::int32_t>>& prompts) {
     std::vector<StepRequest> req(prompts.size());
@@ -163,22 +186,8 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
   std::vector<float> replay, eager;
   ASSERT_EQ(h.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, req, ids, replay),
             StepPath::kGraph);
-
-  const GraphKey* key = h.graphs->find(StepMode::kDecode, 1, static_cast<std::int32_t>(req.size()));
-  ASSERT_NE(key, nullptr);
-  for (StepRequest& r : req) r.prefix_len -= 1;  // the same step again, tables already applied
-  StepDesc d;
-  d.mode = StepMode::kDecode;
-  d.tokens_per_request = 1;
-  d.requests = req;
-  d.token_ids = ids;
-  h.step->input().write(d);
-  h.step->input().upload(h.stream.get());
-  h.program->enqueue(key_shape(*key, h.cap), h.stream.get());
-  eager.resize(replay.size());
-  GD_CUDA(cudaMemcpyAsync(eager.data(), h.model->logits(), eager.size() * sizeof(float),
-                          cudaMemcpyDeviceToHost, h.stream.get()));
-  GD_CUDA(cudaStreamSynchronize(h.stream.get()));
+  ASSERT_TRUE(h.rerun_decode_eagerly(req, ids, eager));
+  ASSERT_EQ(eager.size(), replay.size());
   EXPECT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0);
   for (float x : replay) ASSERT_TRUE(std::isfinite(x));
 }
@@ -220,23 +229,9 @@ TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << step;
     for (float x : got) ASSERT_TRUE(std::isfinite(x));
   }
-  // The last step again, eagerly with the replay's shape (tables already applied).
-  const GraphKey* key =
-      dense->graphs->find(StepMode::kDecode, 1, static_cast<std::int32_t>(dreq.size()));
-  ASSERT_NE(key, nullptr);
-  for (StepRequest& r : dreq) r.prefix_len -= 1;
-  StepDesc d;
-  d.mode = StepMode::kDecode;
-  d.tokens_per_request = 1;
-  d.requests = dreq;
-  d.token_ids = ids;
-  dense->step->input().write(d);
-  dense->step->input().upload(dense->stream.get());
-  dense->program->enqueue(key_shape(*key, dense->cap), dense->stream.get());
-  std::vector<float> eager(got.size());
-  GD_CUDA(cudaMemcpyAsync(eager.data(), dense->model->logits(), eager.size() * sizeof(float),
-                          cudaMemcpyDeviceToHost, dense->stream.get()));
-  GD_CUDA(cudaStreamSynchronize(dense->stream.get()));
+  std::vector<float> eager;
+  ASSERT_TRUE(dense->rerun_decode_eagerly(dreq, ids, eager));  // the last step again, eagerly
+  ASSERT_EQ(eager.size(), got.size());
   EXPECT_TRUE(dense->runtime->layer(0).attention->dense_decode_chosen());
   EXPECT_TRUE(dense->runtime->layer(1).attention->dense_decode_chosen());  // the sliding layer
   EXPECT_FALSE(base->runtime->layer(0).attention->dense_decode_chosen());
