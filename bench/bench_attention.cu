@@ -406,10 +406,7 @@ int run_main(int argc, char** argv) {
           stderr,
           "usage: %s [--json PATH] [--reps N>=50] [--quick] [--small-batch] [--shape B,L[,N]] "
           "[--narrow-tiles] [--no-dense] [--no-flush] [--page N] [--ordered-pages | "
-          "--reversed-pages | "
-          "--shuffle-within N | "
-          "--interleaved-pages] "
-          "[--head-dim D]\n",
+          "--reversed-pages | --shuffle-within N | --interleaved-pages] [--head-dim D]\n",
           argv[0]);
       return 2;
     }
