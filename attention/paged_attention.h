@@ -143,6 +143,8 @@ class PagedAttention {
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
   // Adaptive split-KV's aim: one wave of resident CTAs (decode and 64-row extend tiles).
   std::int32_t target_ctas() const noexcept { return target_ctas_; }
+  // ... of the dense decode kernel (0: none at this head dim).
+  std::int32_t target_ctas_dense() const noexcept { return target_ctas_dense_; }
   // Tests and diagnostics only (synchronizes `stream`): the KV chunks per request of the last
   // plan() or planned run(), [num_requests] (run() of a self-planned batch writes no plan).
   std::vector<std::int32_t> planned_chunks(std::int32_t num_requests, cudaStream_t stream) const;

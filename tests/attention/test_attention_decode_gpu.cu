@@ -194,6 +194,12 @@ TEST_F(AttentionDecode, DenseKernelPastTheBaseWave) {
   c.max_q_tokens = 512;
   c.max_kv_len = 4096;
   const PagedAttention attn(c);
+  // Its point: kDenseBlocksPerSm CTAs of its kDenseStages stages resident on every SM (its shared
+  // memory, static included, within the SM's share), one more than the base kernel's.
+  int sms = 0;
+  GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (attn::kTargetWaves == 0)
+    EXPECT_EQ(attn.target_ctas_dense(), attn::kDenseDecode<64> ? attn::kDenseBlocksPerSm * sms : 0);
   const std::int32_t at_wave = attn.target_ctas() / c.num_kv_heads;  // requests filling the wave
   EXPECT_FALSE(attn.dense_decode_for(0));
   EXPECT_FALSE(attn.dense_decode_for(at_wave));
