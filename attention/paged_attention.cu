@@ -249,6 +249,12 @@ bool PagedAttention::dense_decode_for(std::int32_t requests) const noexcept {
   return target_ctas_dense_ > 0 && dense_min_items_ > 0 && items >= dense_min_items_;
 }
 
+bool PagedAttention::decode_layout_for(std::int32_t tokens_per_request) const noexcept {
+  const long long rows =
+      static_cast<long long>(tokens_per_request) * (config_.num_q_heads / config_.num_kv_heads);
+  return tokens_per_request >= 1 && rows <= attn::kDecodeRows;
+}
+
 std::int32_t PagedAttention::target_of(attn::KernelChoice kernel) const noexcept {
   switch (kernel) {
     case attn::KernelChoice::kWide:

@@ -139,6 +139,11 @@ class PagedAttention {
   bool dense_decode_chosen() const noexcept { return planned_ == attn::KernelChoice::kDense; }
   // Whether a call of requests_hint `requests` (and no wide tiles) runs the dense decode kernel.
   bool dense_decode_for(std::int32_t requests) const noexcept;
+  // Whether `tokens_per_request` query tokens of a request (times the query group) fit one tile of
+  // the decode layout (16 rows): what a caller checks before it hints the requests of a phase of
+  // several tokens per request (a speculative verify), whose items would otherwise take the dense
+  // kernel's extend layout, its slow path.
+  bool decode_layout_for(std::int32_t tokens_per_request) const noexcept;
   std::size_t workspace_bytes() const noexcept;
   std::int32_t split_tokens() const noexcept { return split_tokens_; }
   // Adaptive split-KV's aim: one wave of resident CTAs (decode and 64-row extend tiles).

@@ -19,7 +19,7 @@ class ModelStep : public StepProgram {
 
   void enqueue(const StepShape& shape, cudaStream_t stream) override {
     runtime_.step().prep().enqueue(stream);
-    runtime_.plan(stream, prompt_tokens_hint(shape), decode_requests_hint(shape));
+    runtime_.plan(stream, prompt_tokens_hint(shape), runtime_.requests_hint(shape));
     model_.forward(runtime_, shape, stream);
   }
 

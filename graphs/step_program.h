@@ -54,11 +54,8 @@ struct StepShape {
 inline std::int32_t prompt_tokens_hint(const StepShape& shape) noexcept {
   return shape.mode == StepMode::kExtend ? shape.token_capacity : 0;
 }
-// ... and of its requests (AttentionBatch::requests_hint): a decode step's bucket, else 0 (the
-// dense decode kernel it may pick was measured on decode steps only, bench/NOTES.md 99).
-inline std::int32_t decode_requests_hint(const StepShape& shape) noexcept {
-  return shape.mode == StepMode::kDecode ? shape.bucket : 0;
-}
+// The hint of a phase's requests (AttentionBatch::requests_hint) depends on the attention's query
+// group too: ModelRuntime::requests_hint(shape).
 
 class StepProgram {
  public:

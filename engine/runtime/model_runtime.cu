@@ -94,6 +94,14 @@ void ModelRuntime::plan(const StepMetaView& meta, cudaStream_t stream,
   }
 }
 
+std::int32_t ModelRuntime::requests_hint(const StepShape& shape) const noexcept {
+  if (shape.mode == StepMode::kDecode) return shape.bucket;
+  if (shape.mode != StepMode::kTargetVerify) return 0;
+  for (const auto& a : attention_)
+    if (a && !a->decode_layout_for(shape.tokens_per_request)) return 0;
+  return shape.bucket;
+}
+
 AttentionContext ModelRuntime::layer(std::int32_t l, const StepMetaView& meta) const {
   GD_REQUIRE(l >= 0 && l < static_cast<std::int32_t>(layout_.layers.size()), "layer", l,
              "outside the model's layers");

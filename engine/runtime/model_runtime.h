@@ -19,6 +19,7 @@
 #include "common/buffers.h"
 #include "engine/runtime/runtime_config.h"
 #include "engine/runtime/step_context.h"
+#include "graphs/step_program.h"
 #include "memory/kv_pool.h"
 
 namespace graphdecode {
@@ -46,14 +47,18 @@ class ModelRuntime {
   // block); after that block is written, before any layer of the phase. query_tokens_hint: the
   // phase's query tokens where the host knows them (prompt_tokens_hint(shape)), 0 otherwise: it
   // picks the attention's tile size (AttentionBatch), which the phase's layers then follow.
-  // requests_hint: a decode phase's bucket (decode_requests_hint(shape)), 0 otherwise: it picks
-  // the dense decode kernel at large batch (AttentionBatch::requests_hint).
+  // requests_hint: requests_hint(shape) below: it picks the dense decode kernel at large batch
+  // (AttentionBatch::requests_hint).
   void plan(cudaStream_t stream, std::int32_t query_tokens_hint = 0,
             std::int32_t requests_hint = 0) const {
     plan(meta(), stream, query_tokens_hint, requests_hint);
   }
   void plan(const StepMetaView& meta, cudaStream_t stream, std::int32_t query_tokens_hint = 0,
             std::int32_t requests_hint = 0) const;
+  // The requests hint of a phase of shape `shape`: the bucket of a decode phase, and of a
+  // target-verify phase whose tokens_per_request rows per request fit every attention's decode
+  // layout (PagedAttention::decode_layout_for; at the 1B's group of 4, k <= 3 drafts); else 0.
+  std::int32_t requests_hint(const StepShape& shape) const noexcept;
   AttentionContext layer(std::int32_t layer) const { return this->layer(layer, meta()); }
   AttentionContext layer(std::int32_t layer, const StepMetaView& meta) const;
   // out = attention of layer `layer` over q ([tokens][num_q_heads][head_dim], the layout's dtype)

@@ -49,8 +49,9 @@ void DraftModelProposer::propose(const SpecPrep& spec, const StepShape& shape, s
   for (std::int32_t j = 1; j < k; ++j) {
     const StepMetaView& m = spec.draft_decode(j);
     float* logits = logits_.data() + static_cast<std::size_t>(j) * phase_rows * vocab;
-    runtime_.plan(m, stream);
-    model_.forward(runtime_, m, StepShape{StepMode::kDecode, b, b, b, 1}, logits, stream);
+    const StepShape decode{StepMode::kDecode, b, b, b, 1};
+    runtime_.plan(m, stream, 0, runtime_.requests_hint(decode));
+    model_.forward(runtime_, m, decode, logits, stream);
     sampler_.enqueue(m, aux, logits, b, tokens_.data(), stream,
                      stats_.data() + static_cast<std::size_t>(j) * phase_rows);
     scatter_draft_tokens(spec, k, j, tokens_.data(), b, stream);

@@ -143,7 +143,7 @@ void EagleProposer::propose(const SpecPrep& spec, const StepShape& shape, std::i
   for (std::int32_t j = 1; j < k; ++j) {
     const StepMetaView& d = prep_.decode(j);
     float* logits = logits_.data() + static_cast<std::size_t>(j) * phase_rows * vocab;
-    runtime_.plan(d, stream);
+    runtime_.plan(d, stream, 0, runtime_.requests_hint(StepShape{StepMode::kDecode, b, b, b, 1}));
     head_.forward(runtime_, d, spec.draft_decode(j).token_id, own, b, b, logits, stream);
     sampler_.enqueue(spec.draft_decode(j), aux, logits, b, tokens_.data(), stream,
                      stats_.data() + static_cast<std::size_t>(j) * phase_rows);

@@ -80,8 +80,8 @@ void SpecStep::speculate(const StepShape& shape, cudaStream_t stream) {
   // Verify: the target over the last committed token and the k drafts, logits for every row.
   const StepMetaView& v = spec_.verify();
   const std::int32_t rows = b * (k + 1);
-  target_rt_.plan(v, stream);
   const StepShape vs{StepMode::kTargetVerify, b, rows, rows, k + 1};
+  target_rt_.plan(v, stream, 0, target_rt_.requests_hint(vs));
   target_.forward(target_rt_, v, vs, nullptr, stream);
   proposer_->verified(spec_, vs, k, stream);  // EAGLE keeps the verify rows' hidden states
   marks_[kSpecAccept].record_external(stream);

@@ -200,6 +200,12 @@ TEST_F(AttentionDecode, DenseKernelPastTheBaseWave) {
   GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (attn::kTargetWaves == 0)
     EXPECT_EQ(attn.target_ctas_dense(), attn::kDenseDecode<64> ? attn::kDenseBlocksPerSm * sms : 0);
+  // A phase of several tokens per request hints its requests only where they fit one decode
+  // tile: 4 tokens x the group of 4 = 16 rows.
+  EXPECT_FALSE(attn.decode_layout_for(0));
+  EXPECT_TRUE(attn.decode_layout_for(1));
+  EXPECT_TRUE(attn.decode_layout_for(4));
+  EXPECT_FALSE(attn.decode_layout_for(5));
   const std::int32_t at_wave = attn.target_ctas() / c.num_kv_heads;  // requests filling the wave
   EXPECT_FALSE(attn.dense_decode_for(0));
   EXPECT_FALSE(attn.dense_decode_for(at_wave));

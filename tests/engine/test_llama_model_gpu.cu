@@ -193,11 +193,11 @@ TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
 }
 
 // The dense decode attention kernel (AttentionBatch::requests_hint; forced here at 2 requests by
-// GRAPHDECODE_ATTN_DENSE_MIN_ITEMS=1, the default takes it from 256 requests x KV heads) in the
+// GRAPHDECODE_ATTN_DENSE_MIN_ITEMS=1, the default takes it past the base kernel's wave) in the
 // model's decode graphs, full and sliding layers: three replayed steps bitwise equal to a model
 // on the base kernel (every context is under one 64-key chunk, so both run one item per request
-// and head through the same decode-layout code), and an eager run of the last step's shape
-// bitwise equal to its replay.
+// and head through the same decode-layout code), an eager run of the last step's shape bitwise
+// equal to its replay, and a target-verify step (ModelRuntime::requests_hint) bitwise equal too.
 TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 31);
@@ -236,6 +236,31 @@ TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
   EXPECT_TRUE(dense->runtime->layer(1).attention->dense_decode_chosen());  // the sliding layer
   EXPECT_FALSE(base->runtime->layer(0).attention->dense_decode_chosen());
   EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * sizeof(float)), 0);
+
+  // A target verify of N = 4 tokens per request (8 rows at this group of 2: the decode layout)
+  // takes the hint too, and stays bitwise the base kernel's; 9 tokens (18 rows) would not.
+  const std::int32_t n = Harness::kVerifyTokens;
+  const ModelRuntime& rt = *dense->runtime;
+  EXPECT_EQ(rt.requests_hint(StepShape{StepMode::kDecode, 2, 2, 2, 1}), 2);
+  EXPECT_EQ(rt.requests_hint(StepShape{StepMode::kTargetVerify, 2, 2 * n, 2 * n, n}), 2);
+  EXPECT_EQ(rt.requests_hint(StepShape{StepMode::kTargetVerify, 2, 18, 18, 9}), 0);
+  EXPECT_EQ(rt.requests_hint(StepShape{StepMode::kExtend, 2, 64, 2, 0}), 0);
+  EXPECT_EQ(rt.requests_hint(StepShape{StepMode::kDraftExtendV2, 2, 2 * n, 2, n}), 0);
+  ids.clear();
+  for (std::size_t p = 0; p < seqs.size(); ++p) {
+    dreq[p].extend_len = breq[p].extend_len = n;
+    for (std::int32_t i = 0; i < n; ++i)
+      ids.push_back(static_cast<std::int32_t>((p * 29 + static_cast<std::size_t>(i) * 13 + 7) %
+                                              static_cast<std::size_t>(config.vocab_size)));
+  }
+  ASSERT_EQ(dense->run(StepMode::kTargetVerify, n, LogitRows::kEveryRow, dreq, ids, got),
+            StepPath::kGraph);
+  EXPECT_TRUE(dense->runtime->layer(0).attention->dense_decode_chosen());
+  ASSERT_EQ(base->run(StepMode::kTargetVerify, n, LogitRows::kEveryRow, breq, ids, want),
+            StepPath::kGraph);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  for (float x : got) ASSERT_TRUE(std::isfinite(x));
 }
 
 // Decode steps at rows <= 8 fold each layer's input RMSNorm into the stream GEMVs around it
