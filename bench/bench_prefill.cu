@@ -19,7 +19,9 @@
 // greedy, submitted at once; t0 = just before the first submit. TTFT of a request = t0 to its
 // token callback (the token on the host). Reported: first / median / last TTFT (the last is the
 // batch's prefill wall time), prompt tokens/s = n * P / last TTFT, TFLOP/s and % of peak from the
-// FLOP count below over the last TTFT. Each cell runs at least twice, the first untimed (cuBLAS
+// FLOP count below over the last TTFT, and the device time of the run's prefill steps (the
+// engine's timing events, EngineStats::prefill_device_us: last TTFT minus it is what the host
+// adds). Each cell runs at least twice, the first untimed (cuBLAS
 // heuristics, lazy module loads), and is repeated while it has run under 3 timed reps and 3 s;
 // figures are medians over the timed reps.
 //
@@ -79,6 +81,7 @@ struct Cell {
   int timed_runs = 0;
   std::int64_t prefill_steps = 0;  // of one run
   double ttft_first_ms = 0, ttft_p50_ms = 0, ttft_last_ms = 0;
+  double device_ms = 0;  // the run's prefill steps on the device (EngineStats::prefill_device_us)
   double flops = 0;
   double tokens_per_s() const {
     return requests * static_cast<double>(prompt) / (ttft_last_ms * 1e-3);
@@ -87,7 +90,7 @@ struct Cell {
 };
 
 struct RunTimes {
-  double first_ms = 0, p50_ms = 0, last_ms = 0;
+  double first_ms = 0, p50_ms = 0, last_ms = 0, device_ms = 0;
   std::int64_t prefill_steps = 0;
 };
 
@@ -102,6 +105,7 @@ RunTimes run_once(Engine& engine, std::int32_t n, std::int32_t prompt, std::mt19
     s.max_new_tokens = 1;
   }
   const std::int64_t steps_before = engine.stats().prefill_steps;
+  const double device_before = engine.stats().prefill_device_us;
   std::map<RequestId, double> first_ms;
   const Clock::time_point t0 = Clock::now();
   for (RequestSpec& s : specs)
@@ -119,6 +123,7 @@ RunTimes run_once(Engine& engine, std::int32_t n, std::int32_t prompt, std::mt19
   r.last_ms = *std::max_element(ms.begin(), ms.end());
   r.p50_ms = median(ms);
   r.prefill_steps = engine.stats().prefill_steps - steps_before;
+  r.device_ms = (engine.stats().prefill_device_us - device_before) * 1e-3;
   return r;
 }
 
@@ -130,7 +135,7 @@ Cell bench_cell(Engine& engine, std::int32_t step_tokens, std::int32_t n, std::i
   c.prompt = prompt;
   c.flops = n * prefill_flops(engine.model().config(), prompt);
   run_once(engine, n, prompt, rng);  // warm-up, untimed
-  std::vector<double> first, p50, last;
+  std::vector<double> first, p50, last, device;
   const Clock::time_point start = Clock::now();
   while (static_cast<int>(last.size()) < kMinTimed ||
          (static_cast<int>(last.size()) < kMaxTimed &&
@@ -139,12 +144,14 @@ Cell bench_cell(Engine& engine, std::int32_t step_tokens, std::int32_t n, std::i
     first.push_back(r.first_ms);
     p50.push_back(r.p50_ms);
     last.push_back(r.last_ms);
+    device.push_back(r.device_ms);
     c.prefill_steps = r.prefill_steps;
   }
   c.timed_runs = static_cast<int>(last.size());
   c.ttft_first_ms = median(first);
   c.ttft_p50_ms = median(p50);
   c.ttft_last_ms = median(last);
+  c.device_ms = median(device);
   return c;
 }
 
@@ -159,7 +166,8 @@ void print_cell(const Cell& c, double peak_tflops) {
     std::printf(" %6.1f%%", 100.0 * c.tflops() / peak_tflops);
   else
     std::printf(" %7s", "-");
-  std::printf(" %6lld %4d\n", static_cast<long long>(c.prefill_steps), c.timed_runs);
+  std::printf(" %6lld %4d %9.2f\n", static_cast<long long>(c.prefill_steps), c.timed_runs,
+              c.device_ms);
 }
 
 void write_json(const std::string& path, const std::string& shape, const cudaDeviceProp& dev,
@@ -188,7 +196,8 @@ void write_json(const std::string& path, const std::string& shape, const cudaDev
         << ", \"ttft_last_ms\": " << c.ttft_last_ms << ", \"tokens_per_s\": " << c.tokens_per_s()
         << ", \"flops\": " << c.flops << ", \"tflops\": " << c.tflops()
         << ", \"pct_of_peak\": " << (peak_tflops > 0 ? 100.0 * c.tflops() / peak_tflops : 0.0)
-        << ", \"prefill_steps\": " << c.prefill_steps << ", \"timed_runs\": " << c.timed_runs;
+        << ", \"prefill_steps\": " << c.prefill_steps << ", \"timed_runs\": " << c.timed_runs
+        << ", \"device_ms\": " << c.device_ms;
     }
     f << "}" << (i + 1 < cells.size() ? "," : "") << "\n";
   }
@@ -259,8 +268,9 @@ int run_main(int argc, char** argv) {
       config.hidden_size, config.intermediate_size, config.num_hidden_layers,
       config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size,
       static_cast<double>(weights.total_bytes()) / 1e9);
-  std::printf("%6s %4s %6s %10s %10s %10s %11s %8s %7s %6s %4s\n", "chunk", "n", "P", "ttft0 ms",
-              "ttft50 ms", "ttft ms", "prompt t/s", "TFLOP/s", "%peak", "steps", "reps");
+  std::printf("%6s %4s %6s %10s %10s %10s %11s %8s %7s %6s %4s %9s\n", "chunk", "n", "P",
+              "ttft0 ms", "ttft50 ms", "ttft ms", "prompt t/s", "TFLOP/s", "%peak", "steps", "reps",
+              "device ms");
   const std::int32_t max_n = *std::max_element(requests.begin(), requests.end());
   const std::int32_t max_p = *std::max_element(prompts.begin(), prompts.end());
   std::mt19937 rng(7);

@@ -338,6 +338,8 @@ void Engine::record(double us, const StepPlan& plan, const StepResult& r, std::i
     }
   } else {
     ++stats_.prefill_steps;
+    stats_.prefill_wall_us += us;
+    stats_.prefill_device_us += r.device_us;
     for (const PlannedRequest& p : plan.requests) stats_.prompt_tokens += p.extend_len;
   }
   stats_.generated_tokens += delivered;

@@ -128,6 +128,11 @@ struct EngineStats {
   std::int64_t finished = 0;          // including cancelled
   std::int64_t cancelled = 0;
   double busy_s = 0;  // wall time inside step(), host + device
+  // Prefill steps (every step that is not a plain decode step): wall time inside step() and
+  // device time (the runner's timing events, from before the image copy to the tokens' read-back;
+  // 0 where a runner does not time its steps), summed, microseconds. Their difference is what the
+  // host adds to a prompt's time to first token.
+  double prefill_wall_us = 0, prefill_device_us = 0;
   // Prefix cache: prompt tokens looked up at admission and those found cached (not prefilled;
   // prompt_tokens counts only the prefilled ones), pages cached now (every caching pool, held or
   // not), pages of them no request holds, cached pages evicted for room.

@@ -101,6 +101,8 @@ class Stats:
     device_p50_us: float = 0.0  # decode step device time (timing events), plain decoding
     device_p90_us: float = 0.0
     device_p99_us: float = 0.0
+    prefill_wall_us: float = 0.0  # prefill steps: wall time inside step(), summed
+    prefill_device_us: float = 0.0  # and their device time (timing events), summed
 
 
 TokenCallback = Callable[[TokenEvent], Any]

@@ -168,6 +168,8 @@ class PyEngine {
     d["device_p50_us"] = s.device_p50_us;
     d["device_p90_us"] = s.device_p90_us;
     d["device_p99_us"] = s.device_p99_us;
+    d["prefill_wall_us"] = s.prefill_wall_us;
+    d["prefill_device_us"] = s.prefill_device_us;
     return d;
   }
 

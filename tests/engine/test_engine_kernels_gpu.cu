@@ -6,6 +6,7 @@
 // unwritten elements fail, and rows past the live count must keep the poison.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -108,6 +109,64 @@ TEST_F(EngineKernels, RmsNormPlainFusedAndInPlace) {
         EXPECT_TRUE(close_rows(y, want, static_cast<std::size_t>(live) * hidden, 1.2e-2, 1e-6));
       }
       if (mode == 1) EXPECT_EQ(to_host(dres, s), res_want);  // bitwise, untouched past live
+    }
+  }
+}
+
+// A row's output must not depend on how many rows the launch has (batch invariance: a prompt
+// chunk's rows against a decode step's): the rows of a 601-row launch against the float64
+// reference, and bitwise against the same rows normalized by a 9-row launch.
+TEST_F(EngineKernels, RmsNormManyRowsEqualFewRowsBitwise) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  for (int hidden : {1016, 2048, 4096, 8192}) {
+    for (int mode = 0; mode < 2; ++mode) {  // 0 plain, 1 fused residual
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + " mode " + std::to_string(mode));
+      const int max_rows = 601, few = 9;
+      int live = std::uniform_int_distribution<int>(300, max_rows)(rng);
+      if (live % 4 == 0) --live;
+      const std::size_t n = static_cast<std::size_t>(max_rows) * hidden;
+      const std::size_t n_few = static_cast<std::size_t>(few) * hidden;
+      const Bits x = random_bf16(rng, n, -3.f, 3.f), res = random_bf16(rng, n, -2.f, 2.f);
+      const Bits w = random_bf16(rng, hidden, 0.5f, 1.5f);
+      auto dx = to_device(x, s), dres = to_device(res, s), dw = to_device(w, s);
+      auto dres_few = to_device(Bits(res.begin(), res.begin() + n_few), s);
+      DeviceBuffer<std::uint16_t> dy(n), dy_few(n_few);
+      dy.upload(Bits(n, kPoison).data(), n, s);
+      dy_few.upload(Bits(n_few, kPoison).data(), n_few, s);
+      auto rows = device_int(live, s), rows_few = device_int(few, s);
+      const float eps = 1e-5f;
+      rmsnorm({dx.data(), mode == 1 ? dres.data() : nullptr, dw.data(), dy.data(), rows.data(),
+               max_rows, hidden, eps},
+              s);
+      rmsnorm({dx.data(), mode == 1 ? dres_few.data() : nullptr, dw.data(), dy_few.data(),
+               rows_few.data(), few, hidden, eps},
+              s);
+      const Bits y = to_host(dy, s), y_few = to_host(dy_few, s);
+      std::vector<double> want(n);
+      Bits res_want = res;
+      for (int r = 0; r < live; ++r) {
+        double ss = 0;
+        std::vector<double> v(hidden);
+        for (int j = 0; j < hidden; ++j) {
+          const std::size_t i = static_cast<std::size_t>(r) * hidden + j;
+          if (mode == 1) res_want[i] = float_to_bf16(bf16_to_float(res[i]) + bf16_to_float(x[i]));
+          v[j] = f(mode == 1 ? res_want[i] : x[i]);
+          ss += v[j] * v[j];
+        }
+        const double inv = 1.0 / std::sqrt(ss / hidden + eps);
+        for (int j = 0; j < hidden; ++j)
+          want[static_cast<std::size_t>(r) * hidden + j] = v[j] * inv * f(w[j]);
+      }
+      EXPECT_TRUE(close_rows(y, want, static_cast<std::size_t>(live) * hidden, 1.2e-2, 1e-6));
+      ASSERT_TRUE(std::equal(y_few.begin(), y_few.end(), y.begin()))
+          << "the first rows differ between 9-row and " << max_rows << "-row launches";
+      if (mode == 1) {
+        EXPECT_EQ(to_host(dres, s), res_want);  // bitwise, untouched past live
+        const Bits res_few = to_host(dres_few, s);
+        ASSERT_TRUE(std::equal(res_few.begin(), res_few.end(), res_want.begin()));
+      }
     }
   }
 }

@@ -38,8 +38,15 @@ using Ints = std::vector<std::int32_t>;
 class QkvEpilogue : public GpuTest {};
 
 constexpr std::uint16_t kSentinel = 0x7fbf;  // a bf16 NaN: no finite input produces it
-constexpr int kMaxRows = 24, kSlots = 4, kPages = 40;
-constexpr int kMaxPos = 100100;  // request B's positions sit near 1e5 (large rotary angles)
+constexpr int kMaxRows = 24, kSlots = 4;
+// A prefill-sized step (ManyRowsMatchUnfusedKernelsBitwise): rows of three requests, one near 1e5.
+constexpr int kManyRows = 301;
+// Every token its own page (page size 1), and spares.
+int pages_for(int max_rows) {
+  return max_rows + 16;
+}
+// Request B's positions sit near 1e5 (large rotary angles), up to kManyRows of them.
+constexpr int kMaxPos = 100100 + kManyRows;
 
 Bits random_bf16(Rng& rng, std::size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -58,12 +65,13 @@ struct Case {
 // released page (kInvalidPage) inside request B.
 struct Step {
   int live = 0;
-  Ints pos, slot, table;  // [kMaxRows], [kMaxRows], [kSlots][mpps]
+  Ints pos, slot, table;  // [max_rows], [max_rows], [kSlots][mpps]
 };
-Step make_step(Rng& rng, int ps, int mpps) {
+Step make_step(Rng& rng, int ps, int mpps, int max_rows) {
+  const int pages = pages_for(max_rows);
   Step st;
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  st.live = uni(kMaxRows / 2, kMaxRows - 1);
+  st.live = uni(max_rows / 2, max_rows - 1);
   Ints slots(kSlots);
   std::iota(slots.begin(), slots.end(), 0);
   std::shuffle(slots.begin(), slots.end(), rng);
@@ -75,17 +83,17 @@ Step make_step(Rng& rng, int ps, int mpps) {
       st.slot.push_back(slots[r]);
       st.pos.push_back(starts[r] + i);
     }
-  for (int t = st.live; t < kMaxRows; ++t) {  // padding: request 0's next positions
+  for (int t = st.live; t < max_rows; ++t) {  // padding: request 0's next positions
     st.slot.push_back(slots[0]);
     st.pos.push_back(starts[0] + e0 + (t - st.live));
   }
   st.slot[uni(0, st.live - 1)] = -1;
-  Ints perm(kPages);  // shuffled, non-monotonic physical pages
+  Ints perm(pages);  // shuffled, non-monotonic physical pages
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   st.table.assign(static_cast<std::size_t>(kSlots) * mpps, kInvalidPage);
   std::size_t next = 0;
-  for (int t = 0; t < kMaxRows; ++t) {
+  for (int t = 0; t < max_rows; ++t) {
     if (st.slot[t] < 0) continue;
     std::int32_t& e = st.table[static_cast<std::size_t>(st.slot[t]) * mpps + st.pos[t] / ps];
     if (e == kInvalidPage) e = perm.at(next++);
@@ -98,13 +106,15 @@ Step make_step(Rng& rng, int ps, int mpps) {
   return st;
 }
 
-void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
+void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph, int max_rows = kMaxRows) {
+  const int pages = pages_for(max_rows);
   SCOPED_TRACE("head_dim " + std::to_string(c.hd) + " hq " + std::to_string(c.hq) + " hkv " +
                std::to_string(c.hkv) + (c.bias ? " bias" : "") + (c.norm ? " norm" : "") +
-               " page " + std::to_string(c.page_size) + (graph ? " graph" : ""));
+               " page " + std::to_string(c.page_size) + (graph ? " graph" : "") + " max_rows " +
+               std::to_string(max_rows));
   const int qw = c.hq * c.hd, kvw = c.hkv * c.hd, cols = qw + 2 * kvw;
   const int ps = c.page_size, mpps = kMaxPos / ps + 1;
-  const std::size_t rows = kMaxRows, cache_n = std::size_t{kPages} * c.hkv * ps * c.hd;
+  const std::size_t rows = max_rows, cache_n = std::size_t{pages} * c.hkv * ps * c.hd;
   RopeConfig rc;
   rc.head_dim = c.hd;
   rc.theta = c.norm ? 1000000.0 : 500000.0;
@@ -119,7 +129,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
   DeviceBuffer<std::int32_t> pos(rows), slot(rows), page_table(std::size_t{kSlots} * mpps), n(1),
       nq(1), nk(1);
   auto view = [&](DeviceBuffer<std::uint16_t>& k, DeviceBuffer<std::uint16_t>& v) {
-    return PagedKvView{k.data(), v.data(), page_table.data(), mpps, ps, c.hkv, c.hd, kPages};
+    return PagedKvView{k.data(), v.data(), page_table.data(), mpps, ps, c.hkv, c.hd, pages};
   };
   QkvEpilogueArgs a;
   a.qkv = qkv.data();
@@ -130,7 +140,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
   a.positions = pos.data();
   a.inv_freq = table.data();
   a.num_rows = n.data();
-  a.max_rows = kMaxRows;
+  a.max_rows = max_rows;
   a.num_q_heads = c.hq;
   a.num_kv_heads = c.hkv;
   a.head_dim = c.hd;
@@ -143,7 +153,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
 
   for (int it = 0; it < 2; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it));
-    const Step st = make_step(rng, ps, mpps);
+    const Step st = make_step(rng, ps, mpps, max_rows);
     const Bits x = random_bf16(rng, rows * cols, -4.f, 4.f);
     const Ints counts{st.live, st.live * c.hq, st.live * c.hkv};  // tokens, q rows, k rows
     const Bits poison_q(rows * qw, kSentinel), poison_c(cache_n, kSentinel);
@@ -159,7 +169,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
     for (auto* b : {&kc, &vc, &kc_ref, &vc_ref}) b->upload(poison_c.data(), cache_n, s);
 
     // The old path: bias in place, split, per-head norms, rope, write_new_kv.
-    if (c.bias) add_bias({qkv_ref.data(), d_bias.data(), n.data(), kMaxRows, cols, 0}, s);
+    if (c.bias) add_bias({qkv_ref.data(), d_bias.data(), n.data(), max_rows, cols, 0}, s);
     const std::size_t pitch = std::size_t(cols) * 2;
     GD_CUDA(cudaMemcpy2DAsync(q_ref.data(), qw * 2, qkv_ref.data(), pitch, qw * 2, rows,
                               cudaMemcpyDeviceToDevice, s));
@@ -168,14 +178,14 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
     GD_CUDA(cudaMemcpy2DAsync(v_ref.data(), kvw * 2, qkv_ref.data() + qw + kvw, pitch, kvw * 2,
                               rows, cudaMemcpyDeviceToDevice, s));
     if (c.norm) {
-      rmsnorm({q_ref.data(), nullptr, d_qn.data(), q_ref.data(), nq.data(), kMaxRows * c.hq, c.hd,
+      rmsnorm({q_ref.data(), nullptr, d_qn.data(), q_ref.data(), nq.data(), max_rows * c.hq, c.hd,
                a.eps},
               s);
-      rmsnorm({k_ref.data(), nullptr, d_kn.data(), k_ref.data(), nk.data(), kMaxRows * c.hkv, c.hd,
+      rmsnorm({k_ref.data(), nullptr, d_kn.data(), k_ref.data(), nk.data(), max_rows * c.hkv, c.hd,
                a.eps},
               s);
     }
-    rope({q_ref.data(), k_ref.data(), pos.data(), table.data(), n.data(), kMaxRows, c.hq, c.hkv,
+    rope({q_ref.data(), k_ref.data(), pos.data(), table.data(), n.data(), max_rows, c.hq, c.hkv,
           c.hd, 0, 0},
          s);
     KvWriteArgs w;
@@ -184,7 +194,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
     w.k_new = k_ref.data();
     w.v_new = v_ref.data();
     w.num_tokens = n.data();
-    w.max_tokens = kMaxRows;
+    w.max_tokens = max_rows;
     w.slot = slot.data();
     w.position = pos.data();
     write_new_kv(w, s);
@@ -202,7 +212,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph) {
     const Bits gk = to_host(kc, s), gv = to_host(vc, s), rk = to_host(kc_ref, s),
                rv = to_host(vc_ref, s);
     // The live token owning each (page, row in page): those whose destination resolves.
-    std::vector<int> owner(std::size_t(kPages) * ps, -1);
+    std::vector<int> owner(std::size_t(pages) * ps, -1);
     for (int t = 0; t < st.live; ++t) {
       if (st.slot[t] < 0) continue;
       const int page = st.table[std::size_t(st.slot[t]) * mpps + st.pos[t] / ps];
@@ -248,6 +258,19 @@ TEST_F(QkvEpilogue, MatchesUnfusedKernelsBitwise) {
           for (int ps : {16, 1})
             ASSERT_NO_FATAL_FAILURE(
                 run_case(rng, s, {hd, hq, hkv, bias, norm, ps}, index++ % 3 == 1));
+}
+
+// Prefill-sized steps (hundreds of rows, as a prompt chunk): the same bits as the unfused kernels.
+TEST_F(QkvEpilogue, ManyRowsMatchUnfusedKernelsBitwise) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  int index = 0;
+  for (int hd : {64, 128})
+    for (bool norm : {false, true})
+      for (int ps : {16, 1})
+        ASSERT_NO_FATAL_FAILURE(
+            run_case(rng, s, {hd, 16, 4, index % 2 == 0, norm, ps}, index++ % 3 == 1, kManyRows));
 }
 
 template <typename F>
