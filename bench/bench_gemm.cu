@@ -1,8 +1,9 @@
-// bench_gemm: the decode GEMMs of a Llama at rows 1, 2, 4, 8: the skinny kernel
-// (engine/kernels/skinny_gemm.h) and the stream GEMV (engine/kernels/stream_gemv.h) vs cuBLAS
+// bench_gemm: the decode GEMMs of a Llama at rows 1, 2, 4, 8 (or --rows): the skinny kernel
+// (engine/kernels/skinny_gemm.h), the stream GEMV (engine/kernels/stream_gemv.h) and the warpgroup
+// GEMM (engine/kernels/wgmma_gemm.h, `wgmma us`, 0 where it does not take the shape) vs cuBLAS
 // (Gemm::set_skinny(false)) vs what Gemm picks by default (`auto`: engine/gemm.h) vs the floor.
 //
-//   bench_gemm [--shape 1b|8b] [--json PATH] [--reps N]
+//   bench_gemm [--shape 1b|8b] [--rows 1,2,4,8] [--json PATH] [--reps N]
 //
 // Shapes, y[rows][n] = x[rows][k] W^T, bf16 out but lm_head (float out):
 //   1b (Llama-3.2-1B, 16 layers): qkv k 2048 n 3072, o 2048 x 2048, gate_up 2048 x 16384,
@@ -34,6 +35,7 @@
 #include "common/stream.h"
 #include "engine/gemm.h"
 #include "engine/kernels/stream_gemv.h"
+#include "engine/kernels/wgmma_gemm.h"
 #include "graphs/cuda_graph.h"
 
 namespace graphdecode::bench {
@@ -65,7 +67,7 @@ constexpr Model k8B{"8b",
                      {"gate_up", 4096, 28672, GemmOut::kBF16},
                      {"down", 14336, 4096, GemmOut::kBF16},
                      {"lm_head", 4096, 128256, GemmOut::kF32}}};
-constexpr std::int32_t kRows[] = {1, 2, 4, 8};
+std::vector<std::int32_t> g_rows = {1, 2, 4, 8};  // --rows
 
 // Median device time of one replay of `graph` over `reps` replays, after 5 warm-up replays.
 double replay_median_us(const CudaGraph& graph, int reps, cudaStream_t s) {
@@ -86,6 +88,7 @@ struct Result {
   const Shape* shape = nullptr;
   std::int32_t rows = 0, copies = 0;
   double weight_bytes = 0, cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
+  double wgmma_us = 0;         // 0: the warpgroup GEMM does not take the shape
   const char* auto_path = "";  // what Gemm's default took: stream, skinny or cuBLAS
   bool skinny_taken = false;   // false: the skinny setting fell back to cuBLAS
   bool stream_taken = false;   // false: the stream GEMV does not take the shape (stream_us 0)
@@ -103,13 +106,15 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
     w.emplace_back(welems);
     fill_random(w.back(), 1000 + c, s, 0.f);  // uniform in [-1, 1]
   }
-  DeviceBuffer<std::uint16_t> x(static_cast<std::size_t>(8) * sh.k);
+  const std::int32_t max_rows = *std::max_element(g_rows.begin(), g_rows.end());
+  DeviceBuffer<std::uint16_t> x(static_cast<std::size_t>(max_rows) * sh.k);
   fill_random(x, 7, s, 0.f);
   const std::size_t esize = sh.out == GemmOut::kF32 ? 4 : 2;
-  DeviceBuffer<std::uint8_t> y(static_cast<std::size_t>(8) * sh.n * esize);
-  for (std::int32_t rows : kRows) {
+  DeviceBuffer<std::uint8_t> y(static_cast<std::size_t>(max_rows) * sh.n * esize);
+  for (std::int32_t rows : g_rows) {
     Result r{&sh, rows, copies, wbytes};
     r.floor_us = wbytes / (copy_gbps * 1e3);
+    gemm.set_wgmma(false);  // the cuBLAS and skinny columns
     for (bool skinny : {false, true}) {
       gemm.set_skinny(skinny);
       const auto args = [&](int i) {
@@ -122,9 +127,11 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
       (skinny ? r.skinny_us : r.cublas_us) = replay_median_us(graph, reps, s) / kLaunches;
     }
     gemm.set_skinny_mode(Gemm::SkinnyMode::kAuto);  // the default Gemm: what the engine runs
+    gemm.set_wgmma(true);
     const GemmArgs args0{x.data(), w[0].data(), y.data(), rows, sh.k, sh.n, sh.out};
     r.auto_path = gemm.uses_stream_gemv(args0) ? "stream"
                   : gemm.uses_skinny(args0)    ? "skinny"
+                  : gemm.uses_wgmma(args0)     ? "wgmma"
                                                : "cuBLAS";
     {
       const CudaGraph graph = CudaGraph::capture(s, [&] {
@@ -145,6 +152,16 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
       });
       r.stream_us = replay_median_us(graph, reps, s) / kLaunches;
     }
+    if (wgmma_gemm_supported(rows, sh.k, sh.n)) {
+      const CudaGraph graph = CudaGraph::capture(s, [&] {
+        for (int i = 0; i < kLaunches; ++i)
+          wgmma_gemm(
+              dev,
+              {x.data(), w[i % copies].data(), y.data(), rows, sh.k, sh.n, sh.out == GemmOut::kF32},
+              s);
+      });
+      r.wgmma_us = replay_median_us(graph, reps, s) / kLaunches;
+    }
     out.push_back(r);
   }
   gemm.set_skinny(true);
@@ -159,12 +176,12 @@ const Result& find(const std::vector<Result>& rs, const char* name, std::int32_t
 // GEMM time of one decode step: every layer's qkv + o + gate_up + down, then lm_head.
 struct StepTotal {
   std::int32_t rows = 0;
-  double cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
+  double cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0, wgmma_us = 0;
   bool stream_complete = true;  // false: a shape the stream GEMV does not take (no stream total)
 };
 std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>& rs) {
   std::vector<StepTotal> t;
-  for (std::int32_t rows : kRows) {
+  for (std::int32_t rows : g_rows) {
     StepTotal st{rows};
     for (const Shape& sh : model.shapes) {
       const Result& r = find(rs, sh.name, rows);
@@ -172,6 +189,7 @@ std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>
       st.cublas_us += times * r.cublas_us;
       st.skinny_us += times * r.skinny_us;
       st.stream_us += times * r.stream_us;
+      st.wgmma_us += times * r.wgmma_us;
       st.stream_complete = st.stream_complete && r.stream_taken;
       st.auto_us += times * r.auto_us;
       st.floor_us += times * r.floor_us;
@@ -183,27 +201,27 @@ std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>
 
 void print(const Model& model, const std::vector<Result>& rs,
            const std::vector<StepTotal>& totals) {
-  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %10s %7s %9s %8s %8s %8s %8s\n", "shape",
-              "k", "n", "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us", "auto us",
-              "auto", "floor us", "%floor", "cuB%flr", "str%flr", "speedup");
+  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %10s %10s %7s %9s %8s %8s %8s %8s\n",
+              "shape", "k", "n", "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us",
+              "wgmma us", "auto us", "auto", "floor us", "%floor", "cuB%flr", "str%flr", "speedup");
   for (const Result& r : rs)
     std::printf(
-        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %10.2f %7s %9.2f %7.1f%% %7.1f%% %7.1f%% "
-        "%7.2fx%s\n",
+        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %10.2f %10.2f %7s %9.2f %7.1f%% %7.1f%% "
+        "%7.1f%% %7.2fx%s\n",
         r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
-        r.cublas_us, r.skinny_us, r.stream_us, r.auto_us, r.auto_path, r.floor_us,
+        r.cublas_us, r.skinny_us, r.stream_us, r.wgmma_us, r.auto_us, r.auto_path, r.floor_us,
         100.0 * r.floor_us / r.skinny_us, 100.0 * r.floor_us / r.cublas_us,
         r.stream_taken ? 100.0 * r.floor_us / r.stream_us : 0.0, r.cublas_us / r.skinny_us,
         r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
   std::printf("\none decode step's GEMMs (%d x (qkv + o + gate_up + down) + lm_head)\n",
               model.layers);
-  std::printf("%4s %12s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
-              "auto us", "floor us", "speedup");
+  std::printf("%4s %12s %12s %12s %12s %12s %12s %8s\n", "M", "cuBLAS us", "skinny us", "stream us",
+              "wgmma us", "auto us", "floor us", "speedup");
   for (const StepTotal& t : totals) {
     char stream[16] = "         n/a";  // a shape without the stream GEMV: no total to show
     if (t.stream_complete) std::snprintf(stream, sizeof stream, "%12.1f", t.stream_us);
-    std::printf("%4d %12.1f %12.1f %s %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us, t.skinny_us,
-                stream, t.auto_us, t.floor_us, t.cublas_us / t.skinny_us);
+    std::printf("%4d %12.1f %12.1f %s %12.1f %12.1f %12.1f %7.2fx\n", t.rows, t.cublas_us,
+                t.skinny_us, stream, t.wgmma_us, t.auto_us, t.floor_us, t.cublas_us / t.skinny_us);
   }
 }
 
@@ -224,8 +242,9 @@ void write_json(const std::string& path, const Model& model, const cudaDevicePro
       << (r.shape->out == GemmOut::kF32 ? "f32" : "bf16")
       << "\", \"weight_bytes\": " << r.weight_bytes << ", \"copies\": " << r.copies
       << ", \"cublas_us\": " << r.cublas_us << ", \"skinny_us\": " << r.skinny_us
-      << ", \"stream_us\": " << r.stream_us << ", \"auto_us\": " << r.auto_us
-      << ", \"auto_path\": \"" << r.auto_path << "\", \"floor_us\": " << r.floor_us
+      << ", \"stream_us\": " << r.stream_us << ", \"wgmma_us\": " << r.wgmma_us
+      << ", \"auto_us\": " << r.auto_us << ", \"auto_path\": \"" << r.auto_path
+      << "\", \"floor_us\": " << r.floor_us
       << ", \"skinny_pct_floor\": " << 100.0 * r.floor_us / r.skinny_us
       << ", \"cublas_pct_floor\": " << 100.0 * r.floor_us / r.cublas_us
       << ", \"skinny_taken\": " << (r.skinny_taken ? "true" : "false")
@@ -241,8 +260,8 @@ void write_json(const std::string& path, const Model& model, const cudaDevicePro
       f << t.stream_us;
     else
       f << "null";
-    f << ", \"auto_us\": " << t.auto_us << ", \"floor_us\": " << t.floor_us << "}"
-      << (i + 1 < totals.size() ? "," : "") << "\n";
+    f << ", \"wgmma_us\": " << t.wgmma_us << ", \"auto_us\": " << t.auto_us
+      << ", \"floor_us\": " << t.floor_us << "}" << (i + 1 < totals.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -257,11 +276,17 @@ int run_main(int argc, char** argv) {
       json = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(50, std::atoi(argv[++i]));
+    } else if (a == "--rows" && i + 1 < argc) {
+      g_rows = parse_list("--rows", argv[++i]);
+      for (const std::int32_t r : g_rows)
+        GD_REQUIRE(r >= 1 && r <= 128, "--rows", r, "each row count must be 1..128");
     } else if (a == "--shape" && i + 1 < argc &&
                (std::string(argv[i + 1]) == "1b" || std::string(argv[i + 1]) == "8b")) {
       model = std::string(argv[++i]) == "8b" ? &k8B : &k1B;
     } else {
-      std::fprintf(stderr, "usage: %s [--shape 1b|8b] [--json PATH] [--reps N>=50]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--shape 1b|8b] [--rows 1,2,4,8] [--json PATH] [--reps N>=50]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -40,12 +40,14 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     if (std::strcmp(gemv, "stream") == 0) gemv_mode_ = GemvMode::kAlways;
     if (std::strcmp(gemv, "off") == 0) gemv_mode_ = GemvMode::kOff;
   }
+  if (const char* wg = std::getenv("GRAPHDECODE_WGMMA_GEMM")) wgmma_ = std::strcmp(wg, "off") != 0;
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
     if (std::strcmp(mode, "off") == 0) skinny_mode_ = SkinnyMode::kOff;
   }
   try {
     skinny_dev_ = SkinnyGemmDevice::current();
+    static_cast<void>(wgmma_gemm_available());  // its one-time probe waits: at start-up, here
   } catch (...) {
     cublasDestroy(handle_);
     handle_ = nullptr;
@@ -82,6 +84,12 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
          stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);
 }
 
+bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
+  if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
+  return a.rows > kSkinnyMaxRows && wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) &&
+         aligned16(a.w) && aligned16(a.y);
+}
+
 bool Gemm::fuses_norm(const GemmArgs& a) const noexcept {
   return !plain_ && a.out_type == GemmOut::kBF16 && uses_stream_gemv(a);
 }
@@ -116,6 +124,11 @@ void Gemm::run(const GemmArgs& a, cudaStream_t stream) const {
   if (uses_skinny(a)) {
     skinny_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
                 stream);
+    return;
+  }
+  if (uses_wgmma(a)) {
+    wgmma_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32},
+               stream);
     return;
   }
   GD_CUBLAS(cublasSetStream(handle_, stream));

@@ -24,6 +24,7 @@
 #include "common/error.h"
 #include "engine/kernels/skinny_gemm.h"
 #include "engine/kernels/stream_gemv.h"
+#include "engine/kernels/wgmma_gemm.h"
 
 namespace graphdecode::detail {
 inline void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
@@ -92,6 +93,13 @@ class Gemm {
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }
   bool uses_stream_gemv(const GemmArgs& args) const noexcept;
 
+  // When the warpgroup GEMM (engine/kernels/wgmma_gemm.h) runs instead of cuBLAS: rows past the
+  // stream GEMV's up to kWgmmaGemmMaxRows, on a Hopper GPU with sm_90a code, shapes it takes
+  // (k % 64 == 0, out % 8 == 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the
+  // Gemm is made keeps cuBLAS (A/B of the model step); set_wgmma(false) likewise.
+  void set_wgmma(bool on) noexcept { wgmma_ = on; }
+  bool uses_wgmma(const GemmArgs& args) const noexcept;
+
   // The stream GEMV's norm fusions (StreamGemvFusion, engine/kernels/stream_gemv.h): a decode
   // layer's input RMSNorm folded into the down projection before it and the qkv projection after
   // it. fuses_norm(args): run(args) takes the stream GEMV (not the plain GEMM of racecheck runs)
@@ -113,6 +121,7 @@ class Gemm {
   SkinnyGemmDevice skinny_dev_;
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
   bool plain_ = false;
+  bool wgmma_ = true;
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;

@@ -1,0 +1,48 @@
+// Warpgroup GEMM for decode batches of 9-128 rows (Hopper, sm_90a): y[rows][n] = x[rows][k] W^T,
+// W [n][k] row-major bf16, fp32 accumulation, bf16 (round to nearest even) or float output. The
+// same contract as the skinny GEMM and the stream GEMV (skinny_gemm.h), for the row counts between
+// the stream GEMV (<= 8) and prefill.
+//
+// Why: at 32-128 rows a decode layer's GEMMs are weight-bound (W is read once, x is small), and
+// cuBLAS reached them at 40-80% of the bytes' time on the 1B shape at 64 rows (qkv 6.8 us for ~3 us
+// of weights, o 6.0 for ~2, down 11.7 + a 2.1 us split-K reduce for ~8; engine/NOTES.md). Here:
+// * a CTA is one warpgroup owning 64 or 128 rows x 128 columns of y over a slice of k; W and x
+//   tiles of 64 k (128-byte rows, the wgmma 128-byte swizzle) stream through a cp.async ring of
+//   kStages stages, and each tile is 4 x (row blocks) x 2 wgmma.m64n64k16 products;
+// * k is split over the CTAs of a thread-block cluster (1-8, along grid y; CTA s takes k tiles s,
+//   s + S, ..): each CTA leaves its
+//   fp32 partial in its shared memory, and after a cluster barrier CTA r sums the partials of its
+//   share of the rows over the cluster in rank order through distributed shared memory. The order
+//   is fixed, so y is bitwise reproducible (eager == graph) and no global workspace, counter or
+//   reduce kernel is needed;
+// * a programmatic dependent launch (common/pdl.cuh): the first stages' W copies are issued before
+//   the wait for the kernel before (weights depend on no kernel of the step), x after it.
+// Graph-safe: the grid depends on the shape only, no allocation, no host sync. A row's output does
+// not depend on the other rows (the split depends on n and k only).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/kernels/skinny_gemm.h"  // SkinnyGemmArgs, SkinnyGemmDevice
+
+namespace graphdecode {
+
+inline constexpr std::int32_t kWgmmaGemmMaxRows = 128;
+
+// True when this binary has the kernel for this device (sm_90a code on a compute capability 9.0
+// GPU): probed once, at the first call (a one-thread launch and a wait: start-up only).
+bool wgmma_gemm_available();
+
+// True when wgmma_gemm takes (rows, k, n): available, 1 <= rows <= 128, k a positive multiple of
+// 64, n a positive multiple of 8.
+bool wgmma_gemm_supported(std::int32_t rows, std::int32_t k, std::int32_t n);
+
+// CTAs of the cluster that share one tile's k (1, 2, 4 or 8), from n, k and the SM count only.
+std::int32_t wgmma_gemm_splits(const SkinnyGemmDevice& dev, std::int32_t k, std::int32_t n);
+
+// Validates `args` (graphdecode::Error names the field) and launches on `stream`.
+void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream);
+
+}  // namespace graphdecode

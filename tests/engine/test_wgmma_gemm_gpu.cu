@@ -1,0 +1,135 @@
+// GPU: the warpgroup GEMM (rows 1-128, engine/kernels/wgmma_gemm.h) against a float64 reference and
+// cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
+// a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
+// bad arguments. Fresh random data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned
+// (NaN) with a guard past the end (gemm_check.h): every element written, nothing past it.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/buffers.h"
+#include "common/stream.h"
+#include "engine/gemm.h"
+#include "engine/kernels/wgmma_gemm.h"
+#include "gemm_check.h"
+#include "gemm_test_data.h"
+#include "graphs/cuda_graph.h"
+#include "support/device_vectors.h"
+#include "support/field_of.h"
+#include "support/gpu_test.h"
+
+namespace graphdecode {
+namespace {
+
+using namespace graphdecode::testing;
+using Bits = std::vector<std::uint16_t>;
+
+class WgmmaGemmGpu : public GpuTest {};
+
+SkinnyGemmArgs wgmma_args(const GemmArgs& a) {
+  return {a.x, a.w, a.y, a.rows, a.in, a.out, a.out_type == GemmOut::kF32};
+}
+::testing::AssertionResult run_wgmma(const SkinnyGemmDevice& dev, const GemmArgs& args,
+                                     cudaStream_t s, std::vector<double>& got) {
+  return run_into(args, s, got, [&](const GemmArgs& a) { wgmma_gemm(dev, wgmma_args(a), s); });
+}
+
+TEST_F(WgmmaGemmGpu, MatchesFloat64AndCublas) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  SCOPED_TRACE(seed_note());
+  std::printf("%s\n", seed_note().c_str());
+  Rng rng = test_rng();
+  Stream s;
+  Gemm gemm;
+  gemm.set_gemv_mode(Gemm::GemvMode::kOff);
+  gemm.set_skinny(false);
+  gemm.set_wgmma(false);  // cuBLAS
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  // {k, n}: splits 1 (k 256), 2 (512 x 1000: a partial last column tile), 8 (8192 x 264, 2048 x
+  // 3072: the 1B qkv).
+  std::vector<std::pair<int, int>> shapes{{256, 136}, {512, 1000}, {8192, 264}};
+  if (!sanitize_mode()) shapes.push_back({2048, 3072});
+  for (const auto& [k, n] : shapes) {
+    SCOPED_TRACE("splits " + std::to_string(wgmma_gemm_splits(dev, k, n)));
+    for (bool exact : {false, true}) {
+      const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, exact);
+      auto dw = to_device(w, s);
+      for (int rows : {1, 9, 33, 64, 65, 100, 128}) {
+        if (k * n > 2048 * 1024 && rows > 64 && sanitize_mode()) continue;
+        const Problem p = make_problem(rng, rows, k, n, exact, &w);
+        auto dx = to_device(p.x, s);
+        for (GemmOut out : {GemmOut::kBF16, GemmOut::kF32}) {
+          SCOPED_TRACE(case_name(rows, k, n, exact, out));
+          const GemmArgs args{dx.data(), dw.data(), nullptr, rows, k, n, out};
+          std::vector<double> got, cublas;
+          ASSERT_TRUE(run_wgmma(dev, args, s, got));
+          ASSERT_TRUE(run_into(args, s, cublas, [&](const GemmArgs& a) { gemm.run(a, s); }));
+          EXPECT_TRUE(matches(p, got, nullptr, out)) << "warpgroup GEMM";
+          EXPECT_TRUE(matches(p, got, &cublas, out)) << "warpgroup GEMM vs cuBLAS";
+        }
+      }
+    }
+  }
+}
+
+// A row's output depends on that row alone: the first rows of a 1..128-row call equal, bit for
+// bit, the same rows computed in a call of fewer rows (one 64-row block or two; a decode batch's
+// rows against a larger bucket's). And a captured launch replays the eager bits.
+TEST_F(WgmmaGemmGpu, RowsAreIndependentAndGraphEqualsEagerBitwise) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  const int k = 4096, n = 1024;
+  const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, false);
+  const Bits x = random_bits(rng, static_cast<std::size_t>(128) * k, false);
+  auto dw = to_device(w, s), dx = to_device(x, s);
+  std::vector<double> all;
+  ASSERT_TRUE(run_wgmma(dev, {dx.data(), dw.data(), nullptr, 128, k, n, GemmOut::kBF16}, s, all));
+  for (int rows : {1, 17, 64, 100}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    std::vector<double> few;
+    ASSERT_TRUE(
+        run_wgmma(dev, {dx.data(), dw.data(), nullptr, rows, k, n, GemmOut::kBF16}, s, few));
+    for (std::size_t i = 0; i < few.size(); ++i)
+      ASSERT_EQ(few[i], all[i]) << "row " << i / n << " col " << i % n;
+  }
+  // Graph: captured once, replayed on fresh x; each replay equals an eager run.
+  DeviceBuffer<std::uint16_t> y_graph(static_cast<std::size_t>(100) * n),
+      y_eager(static_cast<std::size_t>(100) * n);
+  const SkinnyGemmArgs ga{dx.data(), dw.data(), y_graph.data(), 100, k, n, false};
+  CudaGraph g = CudaGraph::capture(s, [&] { wgmma_gemm(dev, ga, s); });
+  for (int rep = 0; rep < 2; ++rep) {
+    const Bits xr = random_bits(rng, x.size(), false);
+    dx.upload(xr.data(), xr.size(), s);
+    g.launch(s);
+    wgmma_gemm(dev, {dx.data(), dw.data(), y_eager.data(), 100, k, n, false}, s);
+    ASSERT_EQ(to_host(y_graph, s), to_host(y_eager, s)) << "replay " << rep;
+  }
+}
+
+TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  DeviceBuffer<std::uint16_t> buf(1 << 16);
+  std::uint16_t* p = buf.data();
+  const auto field = [&](SkinnyGemmArgs a) { return field_of([&] { wgmma_gemm(dev, a, s); }); };
+  EXPECT_EQ(field({p, p, p, 0, 64, 8, false}), "rows");
+  EXPECT_EQ(field({p, p, p, 129, 64, 8, false}), "rows");
+  EXPECT_EQ(field({p, p, p, 4, 72, 8, false}), "k");
+  EXPECT_EQ(field({p, p, p, 4, 64, 12, false}), "n");
+  EXPECT_EQ(field({p + 1, p, p, 4, 64, 8, false}), "x");
+  EXPECT_EQ(field({p, nullptr, p, 4, 64, 8, false}), "w");
+  EXPECT_EQ(field({p, p, nullptr, 4, 64, 8, false}), "y");
+  EXPECT_FALSE(wgmma_gemm_supported(4, 72, 8));
+  EXPECT_FALSE(wgmma_gemm_supported(129, 64, 8));
+  EXPECT_TRUE(wgmma_gemm_supported(128, 64, 8));
+}
+
+}  // namespace
+}  // namespace graphdecode
