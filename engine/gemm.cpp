@@ -86,8 +86,9 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
 
 bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
   if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
-  return a.rows > kSkinnyMaxRows && wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) &&
-         aligned16(a.w) && aligned16(a.y);
+  return a.rows > kSkinnyMaxRows && a.rows <= kWgmmaMaxRowsAuto &&
+         wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) && aligned16(a.w) &&
+         aligned16(a.y);
 }
 
 bool Gemm::fuses_norm(const GemmArgs& a) const noexcept {

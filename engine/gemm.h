@@ -93,10 +93,14 @@ class Gemm {
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }
   bool uses_stream_gemv(const GemmArgs& args) const noexcept;
 
-  // When the warpgroup GEMM (engine/kernels/wgmma_gemm.h) runs instead of cuBLAS: rows past the
-  // stream GEMV's up to kWgmmaGemmMaxRows, on a Hopper GPU with sm_90a code, shapes it takes
-  // (k % 64 == 0, out % 8 == 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the
-  // Gemm is made keeps cuBLAS (A/B of the model step); set_wgmma(false) likewise.
+  // When the warpgroup GEMM (engine/kernels/wgmma_gemm.h) runs instead of cuBLAS: rows 9 to
+  // kWgmmaMaxRowsAuto, on a Hopper GPU with sm_90a code, shapes it takes (k % 64 == 0, out % 8 ==
+  // 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the Gemm is made keeps cuBLAS
+  // (A/B of the model step); set_wgmma(false) likewise. 64: alone it trails cuBLAS on most 1B
+  // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
+  // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64;
+  // at 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98).
+  static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
   bool uses_wgmma(const GemmArgs& args) const noexcept;
 

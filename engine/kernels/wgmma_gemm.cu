@@ -1,10 +1,13 @@
 // Warpgroup GEMM for 9-128 rows: W and x through a cp.async ring, wgmma products, k split over a
 // thread-block cluster and summed through distributed shared memory. See wgmma_gemm.h.
 #include <cooperative_groups.h>
+#include <cuda.h>          // CUtensorMap (the encoder is the driver's, reached through the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "attention/mma_utils.cuh"
 #include "attention/wgmma.cuh"
@@ -18,31 +21,26 @@ namespace graphdecode {
 namespace {
 
 namespace cg = cooperative_groups;
-using attn::cp_async_16;
-using attn::cp_async_16_policy;
-using attn::cp_async_commit;
-using attn::cp_async_wait;
-using attn::fence_proxy_async_shared;
-using attn::l2_evict_first_policy;
 using attn::smem_addr;
 using attn::sw128_desc;
-using attn::swizzled_offset;
 using attn::wgmma_commit;
 using attn::wgmma_fence;
 using attn::wgmma_fence_operands;
 using attn::wgmma_wait;
 
-constexpr int kThreads = 128;                     // one warpgroup
-constexpr int kBK = 64;                           // k per tile: one 128-byte (swizzle) row
-constexpr int kNBlocks = 2;                       // 64-column blocks of y per CTA
-constexpr int kBN = 64 * kNBlocks;                // 128 columns per CTA
-constexpr int kBlockBytes = 64 * kBK * 2;         // one 64-row block of a k tile: 8 KiB
-constexpr int kMaxSplits = 8;                     // portable cluster size
-constexpr int kMinTilesPerSplit = 4;              // k tiles per CTA at least (ring fill)
-constexpr int kCtasPerSm = 2;                     // the shared memory below leaves room for two
-constexpr int kRedStride = kBN + 4;               // floats per row of the partial (bank spread)
-constexpr int kSmemBudget = 96 * 1024;            // ring bytes: two CTAs per SM
-constexpr int kAlignSlack = 1024;                 // the swizzle's period (dynamic smem base)
+constexpr int kConsumerThreads = 128;            // one warpgroup: warps 0-3
+constexpr int kThreads = kConsumerThreads + 32;  // warp 4 produces (one thread issues)
+constexpr int kBK = 64;                          // k per tile: one 128-byte (swizzle) row
+constexpr int kNBlocks = 2;                      // 64-column blocks of y per CTA
+constexpr int kBN = 64 * kNBlocks;               // 128 columns per CTA
+constexpr int kBlockBytes = 64 * kBK * 2;        // one 64-row block of a k tile: 8 KiB
+constexpr int kMaxSplits = 8;                    // portable cluster size
+constexpr int kMinTilesPerSplit = 4;             // k tiles per CTA at least (ring fill)
+constexpr int kCtasPerSm = 2;                    // the shared memory below leaves room for two
+constexpr int kRedStride = kBN + 4;              // floats per row of the partial (bank spread)
+constexpr int kSmemBudget = 96 * 1024;           // ring bytes: two CTAs per SM
+constexpr int kAlignSlack = 1024;                // the swizzle's period (dynamic smem base)
+constexpr int kMaxStages = 8;                    // barrier slots
 
 // Ring stages: 4 with 64 rows (3 x 8 KiB a stage), 3 with 128 (4 x 8 KiB): 96 KiB either way.
 // (One CTA per SM with a 192 KiB ring was slower: bench_gemm 1B down, 64 rows, 21.5 -> 33.3 us.)
@@ -55,12 +53,13 @@ constexpr int smem_bytes() {
   return stages<kMBlocks>() * (kMBlocks + kNBlocks) * kBlockBytes + kAlignSlack;
 }
 static_assert(64 * 2 * kRedStride * 4 <= kSmemBudget, "the partial reuses the ring");
+static_assert(stages<1>() <= kMaxStages && stages<2>() <= kMaxStages, "barrier slots");
 
 struct Params {
-  const std::uint16_t* x;  // [rows][k]
-  const std::uint16_t* w;  // [n][k]
-  void* y;                 // [rows][n]
-  std::int32_t rows, k, n;
+  CUtensorMap w_map;  // W [n][k]: box 64 k x 128 n, 128-byte swizzle; rows past n read as 0
+  CUtensorMap x_map;  // x [rows][k]: box 64 k x 64 kMBlocks rows; rows past `rows` read as 0
+  void* y;            // [rows][n]
+  std::int32_t rows, n;
   std::int32_t k_tiles;  // k / 64
   bool out_f32;
 };
@@ -70,8 +69,42 @@ __global__ void wgmma_probe_kernel() {
   g_wgmma_probe = GD_ATTN_HAS_WGMMA;
 }
 
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the phase of `parity` has completed (parity 1 before any phase: at once).
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+// The box of `map` at (c0 innermost, c1) into shared dst (1024-byte aligned), counted on bar.
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                               std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Grid (n / 128 tiles, splits), cluster (1, splits): CTA (t, s) computes y's 128 columns of tile
-// t over k tiles s, s + S, .., and the cluster sums them.
+// t over k tiles s, s + S, .., and the cluster sums them. Warp 4's first lane issues each stage's
+// two tensor copies (W, then x) on the stage's full barrier; the consumer warpgroup waits on it,
+// runs the stage's products and releases the stage (one arrival per warp on its empty barrier).
 template <int kMBlocks>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     wgmma_gemm_kernel(const __grid_constant__ Params p) {
@@ -80,53 +113,54 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr int kStageBytes = (kMBlocks + kNBlocks) * kBlockBytes;
   constexpr int kRows = 64 * kMBlocks;
   extern __shared__ unsigned char smem_raw[];
+  __shared__ std::uint64_t full[kMaxStages], empty[kMaxStages];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + kAlignSlack - 1) &
       ~static_cast<std::uintptr_t>(kAlignSlack - 1));
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(gridDim.y), split = static_cast<int>(blockIdx.y);
-  // k tiles split, split + splits, ..: the cluster's CTAs, which run together, read adjacent
-  // 128-byte pieces of the same W rows at once (a DRAM page per row, not 128 bytes of one per
-  // CTA and tile: the contiguous ranges of t92 held the DRAM at ~20% of its bandwidth, ncu t94).
+  // k tiles split, split + splits, ..: the cluster's CTAs read adjacent pieces of W's rows.
   const int tiles = (p.k_tiles - split + splits - 1) / splits;
-  const auto k_tile = [&](int t) { return split + t * splits; };
   const int n0 = static_cast<int>(blockIdx.x) * kBN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Stage s: x's row blocks, then W's column blocks, 8 KiB each, each a multiple of 1024 bytes.
-  const auto block = [&](int s, int b) {
-    return reinterpret_cast<std::uint16_t*>(smem + s * kStageBytes + b * kBlockBytes);
-  };
-  const std::uint64_t w_policy = l2_evict_first_policy();  // W streams through once
-  // Thread i copies 16-byte chunk i % 8 of rows i / 8 + 16 j: a warp reads 4 rows' 128 bytes.
-  const auto load_w = [&](int kt, int s) {
-#pragma unroll
-    for (int i = threadIdx.x; i < kBN * 8; i += kThreads) {
-      const int row = i / 8, ch = i % 8, col = n0 + row;
-      const bool valid = col < p.n;
-      const std::uint16_t* src =
-          p.w + static_cast<std::size_t>(valid ? col : 0) * p.k + kt * kBK + ch * 8;
-      cp_async_16_policy(block(s, kMBlocks + row / 64) + swizzled_offset<64>(row % 64, ch), src,
-                         valid, w_policy);
-    }
-  };
-  const auto load_x = [&](int kt, int s) {
-#pragma unroll
-    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
-      const int row = i / 8, ch = i % 8;
-      const bool valid = row < p.rows;
-      const std::uint16_t* src =
-          p.x + static_cast<std::size_t>(valid ? row : 0) * p.k + kt * kBK + ch * 8;
-      cp_async_16(block(s, row / 64) + swizzled_offset<64>(row % 64, ch), src, valid);
-    }
-  };
+  const auto block = [&](int s, int b) { return smem + s * kStageBytes + b * kBlockBytes; };
 
-  // The first stages' W before the wait; x after it. Group 0 holds those W and tile 0's x.
-  for (int t = 0; t < kStages - 1; ++t)
-    if (t < tiles) load_w(k_tile(t), t);
-  pdl_wait_for_prior_grid();
-  pdl_launch_dependents();
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < tiles) load_x(k_tile(t), t);
-    cp_async_commit();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerThreads / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kConsumerThreads / 32) {  // producer
+    if (lane == 0) {
+      // W depends on no kernel of the step: the first stages' W before the wait for the kernel
+      // before; their x (and every later stage) after it.
+      const int first = min(kStages, tiles);
+      for (int t = 0; t < first; ++t) {
+        mbar_arrive_expect_tx(&full[t], kStageBytes);
+        tensor_copy_2d(block(t, kMBlocks), &p.w_map, (split + t * splits) * kBK, n0, &full[t]);
+      }
+      pdl_wait_for_prior_grid();
+      pdl_launch_dependents();
+      for (int t = 0; t < first; ++t)
+        tensor_copy_2d(block(t, 0), &p.x_map, (split + t * splits) * kBK, 0, &full[t]);
+      for (int t = first; t < tiles; ++t) {
+        const int s = t % kStages;
+        mbar_wait(&empty[s], ((t / kStages) & 1) ^ 1);  // released by the consumers
+        mbar_arrive_expect_tx(&full[s], kStageBytes);
+        const int kc = (split + t * splits) * kBK;
+        tensor_copy_2d(block(s, kMBlocks), &p.w_map, kc, n0, &full[s]);
+        tensor_copy_2d(block(s, 0), &p.x_map, kc, 0, &full[s]);
+      }
+    } else {
+      pdl_wait_for_prior_grid();
+    }
+  } else {
+    pdl_wait_for_prior_grid();  // y may still be read by the kernel before
   }
 
   float acc[kMBlocks][kNBlocks][8][4];
@@ -139,55 +173,52 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mb][nb][j][e] = 0.f;
 
+  if (warp < kConsumerThreads / 32) {
 #pragma unroll 1
-  for (int it = 0; it < tiles; ++it) {
-    cp_async_wait<kStages - 2>();  // tile it's group
-    fence_proxy_async_shared();    // this thread's copies, to the wgmma's (async) proxy
-    __syncthreads();               // everyone's copies; every warp is past tile it - 1's products
-    const int nxt = it + kStages - 1;  // into the stage tile it - 1 used
-    if (nxt < tiles) {
-      load_w(k_tile(nxt), nxt % kStages);
-      load_x(k_tile(nxt), nxt % kStages);
-    }
-    cp_async_commit();
-    const int s = it % kStages;
-    wgmma_fence();
+    for (int it = 0; it < tiles; ++it) {
+      const int s = it % kStages;
+      mbar_wait(&full[s], (it / kStages) & 1);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      const unsigned step = (kk * 32) >> 4;  // 32 bytes along the swizzled rows, 16-byte units
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const unsigned step = (kk * 32) >> 4;  // 32 bytes along the swizzled rows, 16-byte units
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < kNBlocks; ++nb)
+            attn::wgmma_64x64x16_ss<__nv_bfloat16>(
+                acc[mb][nb], sw128_desc(smem_addr(block(s, mb))) + step,
+                sw128_desc(smem_addr(block(s, kMBlocks + nb))) + step, true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nb = 0; nb < kNBlocks; ++nb)
-          attn::wgmma_64x64x16_ss<__nv_bfloat16>(
-              acc[mb][nb], sw128_desc(smem_addr(block(s, mb))) + step,
-              sw128_desc(smem_addr(block(s, kMBlocks + nb))) + step, true);
+        for (int nb = 0; nb < kNBlocks; ++nb) wgmma_fence_operands(acc[mb][nb]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < kNBlocks; ++nb) wgmma_fence_operands(acc[mb][nb]);
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the ring becomes the partial
+  __syncthreads();  // every stage consumed (so every copy landed): the ring becomes the partial
 
   // This CTA's partial: red[row][col], rows and columns of the tile (the m16n8 layout per warp).
   float* red = reinterpret_cast<float*>(smem);
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t4 = threadIdx.x % 4;
+  const int g = lane / 4, t4 = lane % 4;
+  if (warp < kConsumerThreads / 32) {
 #pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb)
+    for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb)
+      for (int nb = 0; nb < kNBlocks; ++nb)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = mb * 64 + warp * 16 + g + 8 * h, col = nb * 64 + j * 8 + 2 * t4;
-          *reinterpret_cast<float2*>(red + row * kRedStride + col) =
-              make_float2(acc[mb][nb][j][2 * h], acc[mb][nb][j][2 * h + 1]);
-        }
+          for (int h = 0; h < 2; ++h) {
+            const int row = mb * 64 + warp * 16 + g + 8 * h, col = nb * 64 + j * 8 + 2 * t4;
+            *reinterpret_cast<float2*>(red + row * kRedStride + col) =
+                make_float2(acc[mb][nb][j][2 * h], acc[mb][nb][j][2 * h + 1]);
+          }
+  }
   cluster.sync();  // every partial of the cluster written
 
   // CTA `split` sums its share of the rows over the cluster's partials in rank order.
@@ -219,6 +250,39 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   cluster.sync();  // no CTA leaves while another still reads its partial
 #endif
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    GD_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &found));
+    GD_REQUIRE(found == cudaDriverEntryPointSuccess && f != nullptr, "cuTensorMapEncodeTiled",
+               static_cast<int>(found), "the driver has no tensor-map encoder");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A row-major bf16 matrix [rows][k] as a 2-D tensor map, box 64 k x box_rows rows, the 128-byte
+// swizzle; rows past `rows` read as zeros.
+CUtensorMap encode_map(const std::uint16_t* m, std::int32_t rows, std::int32_t k,
+                       std::int32_t box_rows, const char* field) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};  // bytes, of dim 1
+  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint16_t*>(m), dims, strides, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  GD_REQUIRE(r == CUDA_SUCCESS, field, static_cast<int>(r),
+             "cuTensorMapEncodeTiled refused the tensor map (rows " + std::to_string(rows) +
+                 ", k " + std::to_string(k) + ")");
+  return map;
 }
 
 template <int kMBlocks>
@@ -274,7 +338,15 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
   GD_REQUIRE(a.y != nullptr && aligned16(a.y), "y", a.y, "must be non-null and 16-byte aligned");
   GD_REQUIRE(wgmma_gemm_available(), "device", "no sm_90a code",
              "the warpgroup GEMM needs a Hopper GPU and a build for sm_90a");
-  const Params p{a.x, a.w, a.y, a.rows, a.k, a.n, a.k / kBK, a.out_f32};
+  const int m_blocks = a.rows <= 64 ? 1 : 2;
+  Params p{};
+  p.w_map = encode_map(a.w, a.n, a.k, kBN, "w");
+  p.x_map = encode_map(a.x, a.rows, a.k, 64 * m_blocks, "x");
+  p.y = a.y;
+  p.rows = a.rows;
+  p.n = a.n;
+  p.k_tiles = a.k / kBK;
+  p.out_f32 = a.out_f32;
   const std::int32_t splits = wgmma_gemm_splits(dev, a.k, a.n);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>((a.n + kBN - 1) / kBN), static_cast<unsigned>(splits));
@@ -289,7 +361,7 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  if (a.rows <= 64) {
+  if (m_blocks == 1) {
     cfg.dynamicSmemBytes = smem_bytes<1>();
     GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<1>, p));
   } else {

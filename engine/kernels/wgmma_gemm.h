@@ -1,24 +1,28 @@
 // Warpgroup GEMM for decode batches of 9-128 rows (Hopper, sm_90a): y[rows][n] = x[rows][k] W^T,
 // W [n][k] row-major bf16, fp32 accumulation, bf16 (round to nearest even) or float output. The
 // same contract as the skinny GEMM and the stream GEMV (skinny_gemm.h), for the row counts between
-// the stream GEMV (<= 8) and prefill.
+// the stream GEMV (<= 8) and prefill; Gemm runs it at 9-64 rows (engine/gemm.h).
 //
 // Why: at 32-128 rows a decode layer's GEMMs are weight-bound (W is read once, x is small), and
-// cuBLAS reached them at 40-80% of the bytes' time on the 1B shape at 64 rows (qkv 6.8 us for ~3 us
-// of weights, o 6.0 for ~2, down 11.7 + a 2.1 us split-K reduce for ~8; engine/NOTES.md). Here:
-// * a CTA is one warpgroup owning 64 or 128 rows x 128 columns of y over a slice of k; W and x
-//   tiles of 64 k (128-byte rows, the wgmma 128-byte swizzle) stream through a cp.async ring of
-//   kStages stages, and each tile is 4 x (row blocks) x 2 wgmma.m64n64k16 products;
+// cuBLAS reached them at 34-86% of the bytes' time on the 1B shape at 64 rows (qkv 6.4 us for 3.0
+// us of weights, o 5.9 for 2.0, gate_up 18.7 for 16.0, down 13.5 for 8.0; bench/NOTES.md 103).
+// * A CTA owns 64 or 128 rows x 128 columns of y over a slice of k: a producer warp (one thread)
+//   issues each stage's two tensor-map copies (W box 64 k x 128 n, x box 64 k x the rows, the
+//   128-byte swizzle that wgmma reads; rows past n or `rows` read as zeros) on the stage's full
+//   mbarrier, and the consumer warpgroup runs the stage's 4 x (row blocks) x 2 wgmma.m64n64k16
+//   products and releases it on its empty mbarrier. (A first version where all 128 threads
+//   issued cp.async copies was issue-bound at ~580 instructions per warp and tile: NOTES 103.)
 // * k is split over the CTAs of a thread-block cluster (1-8, along grid y; CTA s takes k tiles s,
-//   s + S, ..): each CTA leaves its
-//   fp32 partial in its shared memory, and after a cluster barrier CTA r sums the partials of its
-//   share of the rows over the cluster in rank order through distributed shared memory. The order
-//   is fixed, so y is bitwise reproducible (eager == graph) and no global workspace, counter or
-//   reduce kernel is needed;
-// * a programmatic dependent launch (common/pdl.cuh): the first stages' W copies are issued before
-//   the wait for the kernel before (weights depend on no kernel of the step), x after it.
-// Graph-safe: the grid depends on the shape only, no allocation, no host sync. A row's output does
-// not depend on the other rows (the split depends on n and k only).
+//   s + S, ..): each CTA leaves its fp32 partial in its shared memory, and after a cluster barrier
+//   CTA r sums the partials of its share of the rows over the cluster in rank order through
+//   distributed shared memory. The order is fixed, so y is bitwise reproducible (eager == graph)
+//   and no global workspace, counter or reduce kernel is needed.
+// * A programmatic dependent launch (common/pdl.cuh): the first stages' W copies are issued before
+//   the wait for the kernel before (weights depend on no kernel of the step), x after it. In a
+//   decode step this overlap is most of its gain over cuBLAS.
+// Graph-safe: the grid depends on the shape only, no allocation, no host sync; each launch encodes
+// its two tensor maps on the host (kernel parameters, captured with the launch). A row's output
+// does not depend on the other rows (the split depends on n and k only).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,16 +16,21 @@
 
 namespace graphdecode::testing {
 
-// GRAPHDECODE_GEMV=off while it lives (engine/gemm.h GemvMode): the Gemms made meanwhile run
-// cuBLAS or the skinny kernel at every row count (so their models fold no norm into a GEMV). For
+// GRAPHDECODE_GEMV=off and GRAPHDECODE_WGMMA_GEMM=off while it lives (engine/gemm.h): the Gemms
+// made meanwhile run cuBLAS or the skinny kernel at every row count (so their models fold no norm
+// into a GEMV; the warpgroup GEMM, at 9-64 rows, would likewise split a verify's rows from a
+// plain step's: 4 near-ties in SpecGreedy, bench/NOTES.md 103). For
 // the tests that compare speculative tokens with plain decoding: a plain decode step at rows <= 8
 // would take the stream GEMV, which a verify step of more rows does not; the two then round
 // differently and near-tie divergences stop being rare (H200: 11 and 15 of 16 request runs in
 // SpecGreedy on random weights, each a float64-confirmed near-tie). The stream GEMV has its own
 // tests (test_skinny_gemm_gpu) and runs in the other engine tests.
-class ScopedGemvOff : public ScopedEnv {
+class ScopedGemvOff {
  public:
-  ScopedGemvOff() : ScopedEnv("GRAPHDECODE_GEMV", "off") {}
+  ScopedGemvOff() : gemv_("GRAPHDECODE_GEMV", "off"), wgmma_("GRAPHDECODE_WGMMA_GEMM", "off") {}
+
+ private:
+  ScopedEnv gemv_, wgmma_;  // the stream GEMV and the warpgroup GEMM (engine/gemm.h)
 };
 
 // Every request's tokens and finish events; collect() fails the test on a token after a finish.

@@ -35,8 +35,8 @@ inline constexpr std::size_t kGuard = 64;  // poisoned elements past the output
 struct Problem {
   int rows = 0, k = 0, n = 0;
   bool exact = false;
-  std::vector<std::uint16_t> x, w;                     // [rows][k], [n][k]
-  std::vector<double> ref, mag;  // [rows][n]
+  std::vector<std::uint16_t> x, w;  // [rows][k], [n][k]
+  std::vector<double> ref, mag;     // [rows][n]
 };
 
 // Fresh x; W from `w` when given (one W serves every row count), else fresh.
@@ -51,7 +51,8 @@ inline Problem make_problem(Rng& rng, int rows, int k, int n, bool exact,
   for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = reference::bf16_to_float(p.x[i]);
   std::vector<double> wr(k);
   for (int c = 0; c < n; ++c) {
-    for (int i = 0; i < k; ++i) wr[i] = reference::bf16_to_float(p.w[static_cast<std::size_t>(c) * k + i]);
+    for (int i = 0; i < k; ++i)
+      wr[i] = reference::bf16_to_float(p.w[static_cast<std::size_t>(c) * k + i]);
     for (int r = 0; r < rows; ++r) {
       double s = 0, m = 0;
       for (int i = 0; i < k; ++i) {
@@ -79,8 +80,9 @@ inline double bound(const Problem& p, std::size_t i, GemmOut out) {
 
 // Runs one GEMM (`launch`, given args with y set) into a poisoned buffer; returns the outputs, or
 // fails if one is unwritten or the guard past the end was touched.
-inline ::testing::AssertionResult run_into(const GemmArgs& args, cudaStream_t s, std::vector<double>& got,
-                                    const std::function<void(const GemmArgs&)>& launch) {
+inline ::testing::AssertionResult run_into(const GemmArgs& args, cudaStream_t s,
+                                           std::vector<double>& got,
+                                           const std::function<void(const GemmArgs&)>& launch) {
   const std::size_t n = static_cast<std::size_t>(args.rows) * args.out;
   const std::size_t esize = args.out_type == GemmOut::kF32 ? 4 : 2;
   DeviceBuffer<std::uint8_t> y((n + kGuard) * esize);
@@ -110,10 +112,11 @@ inline ::testing::AssertionResult run_into(const GemmArgs& args, cudaStream_t s,
 }
 
 inline ::testing::AssertionResult matches(const Problem& p, const std::vector<double>& got,
-                                   const std::vector<double>* other, GemmOut out) {
+                                          const std::vector<double>* other, GemmOut out) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     double want = p.ref[i], tol = bound(p, i, out);
-    if (p.exact && out == GemmOut::kBF16) want = reference::bf16_to_float(reference::float_to_bf16(float(p.ref[i])));
+    if (p.exact && out == GemmOut::kBF16)
+      want = reference::bf16_to_float(reference::float_to_bf16(float(p.ref[i])));
     if (p.exact) tol = 0;
     if (other != nullptr) want = (*other)[i], tol *= 2;
     if (!(std::abs(got[i] - want) <= tol))
