@@ -99,7 +99,8 @@ class Gemm {
   // (A/B of the model step); set_wgmma(false) likewise. 64: alone it trails cuBLAS on most 1B
   // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
   // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64;
-  // at 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98).
+  // at 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98). LlamaModel
+  // turns it off past hidden 2048 (the 8B step is unmeasured with it).
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
   bool uses_wgmma(const GemmArgs& args) const noexcept;

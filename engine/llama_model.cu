@@ -15,6 +15,7 @@ namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr std::int32_t kWgmmaMaxHidden = 2048;  // the widest model the warpgroup GEMM ran in (1B)
 
 unsigned blocks_for(std::int64_t items) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
@@ -96,6 +97,11 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
       static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows);
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_NORM"))
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
+  // The warpgroup GEMM (Gemm::uses_wgmma, 9-64 rows) was measured in the step of the 1B-class
+  // shape only (hidden 2048: the greedy step 2.7-4.6% faster at B = 16-64, bench/NOTES.md 103,
+  // t99). At hidden 4096 its GEMMs alone are 8-57% slower than cuBLAS (bench_gemm t98) and the
+  // 8B step was not measured with it: wider models keep cuBLAS until it is.
+  if (config_.hidden_size > kWgmmaMaxHidden) gemm_.set_wgmma(false);
   logit_x_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_res_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_normed_ = DeviceBuffer<std::uint16_t>(b * h);
