@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/pdl.cuh"
 #include "engine/kernels/bf16_vec.cuh"
+#include "engine/kernels/mbarrier.cuh"
 #include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
@@ -19,6 +20,10 @@ namespace {
 
 using detail::bf16_bits_to_float;
 using detail::float_to_bf16_bits;
+using detail::mbar_arrive;
+using detail::mbar_arrive_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait;
 using detail::round_bf16;
 
 constexpr int kConsumerWarps = 8;
@@ -68,29 +73,6 @@ struct Params {
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-// One arrival that also expects `bytes` of bulk copies before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// Returns once the phase of `parity` has completed (parity 1 before any phase: at once).
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
 }
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned), counted on bar.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,

@@ -15,10 +15,16 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
+#include "engine/kernels/mbarrier.cuh"
 #include "engine/kernels/wgmma_gemm.h"
 
 namespace graphdecode {
 namespace {
+
+using detail::mbar_arrive;
+using detail::mbar_arrive_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait;
 
 namespace cg = cooperative_groups;
 using attn::smem_addr;
@@ -69,28 +75,6 @@ __global__ void wgmma_probe_kernel() {
   g_wgmma_probe = GD_ATTN_HAS_WGMMA;
 }
 
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// Returns once the phase of `parity` has completed (parity 1 before any phase: at once).
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-}
 // The box of `map` at (c0 innermost, c1) into shared dst (1024-byte aligned), counted on bar.
 __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1,
                                                std::uint64_t* bar) {

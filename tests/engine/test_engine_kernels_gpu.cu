@@ -62,6 +62,27 @@ double f(std::uint16_t b) {
   return ::testing::AssertionSuccess();
 }
 
+// The float64 RMSNorm of rows [0, live) of x (plus res when `fused`, rounded to bf16 as the kernel
+// does): want[row][j], and the new residual stream res_want (res past the updated rows).
+void rmsnorm_reference(const Bits& x, const Bits& res, const Bits& w, int hidden, int live,
+                       bool fused, float eps, std::vector<double>& want, Bits& res_want) {
+  want.assign(x.size(), 0.0);
+  res_want = res;
+  for (int r = 0; r < live; ++r) {
+    double ss = 0;
+    std::vector<double> v(hidden);
+    for (int j = 0; j < hidden; ++j) {
+      const std::size_t i = static_cast<std::size_t>(r) * hidden + j;
+      if (fused) res_want[i] = float_to_bf16(bf16_to_float(res[i]) + bf16_to_float(x[i]));
+      v[j] = f(fused ? res_want[i] : x[i]);
+      ss += v[j] * v[j];
+    }
+    const double inv = 1.0 / std::sqrt(ss / hidden + eps);
+    for (int j = 0; j < hidden; ++j)
+      want[static_cast<std::size_t>(r) * hidden + j] = v[j] * inv * f(w[j]);
+  }
+}
+
 TEST_F(EngineKernels, RmsNormPlainFusedAndInPlace) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
@@ -85,21 +106,9 @@ TEST_F(EngineKernels, RmsNormPlainFusedAndInPlace) {
       if (mode == 2) dx.upload(x.data(), n, s);
       rmsnorm(a, s);
       const Bits y = to_host(mode == 2 ? dx : dy, s);
-      std::vector<double> want(n);
-      Bits res_want = res;
-      for (int r = 0; r < live; ++r) {
-        double ss = 0;
-        std::vector<double> v(hidden);
-        for (int j = 0; j < hidden; ++j) {
-          const std::size_t i = static_cast<std::size_t>(r) * hidden + j;
-          if (mode == 1) res_want[i] = float_to_bf16(bf16_to_float(res[i]) + bf16_to_float(x[i]));
-          v[j] = f(mode == 1 ? res_want[i] : x[i]);
-          ss += v[j] * v[j];
-        }
-        const double inv = 1.0 / std::sqrt(ss / hidden + eps);
-        for (int j = 0; j < hidden; ++j)
-          want[static_cast<std::size_t>(r) * hidden + j] = v[j] * inv * f(w[j]);
-      }
+      std::vector<double> want;
+      Bits res_want;
+      rmsnorm_reference(x, res, w, hidden, live, mode == 1, eps, want, res_want);
       if (mode == 2) {  // in place: rows past the live count keep x, not the poison
         for (std::size_t i = static_cast<std::size_t>(live) * hidden; i < n; ++i)
           ASSERT_EQ(y[i], x[i]);
@@ -144,21 +153,9 @@ TEST_F(EngineKernels, RmsNormManyRowsEqualFewRowsBitwise) {
                rows_few.data(), few, hidden, eps},
               s);
       const Bits y = to_host(dy, s), y_few = to_host(dy_few, s);
-      std::vector<double> want(n);
-      Bits res_want = res;
-      for (int r = 0; r < live; ++r) {
-        double ss = 0;
-        std::vector<double> v(hidden);
-        for (int j = 0; j < hidden; ++j) {
-          const std::size_t i = static_cast<std::size_t>(r) * hidden + j;
-          if (mode == 1) res_want[i] = float_to_bf16(bf16_to_float(res[i]) + bf16_to_float(x[i]));
-          v[j] = f(mode == 1 ? res_want[i] : x[i]);
-          ss += v[j] * v[j];
-        }
-        const double inv = 1.0 / std::sqrt(ss / hidden + eps);
-        for (int j = 0; j < hidden; ++j)
-          want[static_cast<std::size_t>(r) * hidden + j] = v[j] * inv * f(w[j]);
-      }
+      std::vector<double> want;
+      Bits res_want;
+      rmsnorm_reference(x, res, w, hidden, live, mode == 1, eps, want, res_want);
       EXPECT_TRUE(close_rows(y, want, static_cast<std::size_t>(live) * hidden, 1.2e-2, 1e-6));
       ASSERT_TRUE(std::equal(y_few.begin(), y_few.end(), y.begin()))
           << "the first rows differ between 9-row and " << max_rows << "-row launches";
