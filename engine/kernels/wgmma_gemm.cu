@@ -1,5 +1,6 @@
-// Warpgroup GEMM for 9-128 rows: W and x through a cp.async ring, wgmma products, k split over a
-// thread-block cluster and summed through distributed shared memory. See wgmma_gemm.h.
+// Warpgroup GEMM for 9-128 rows: W and x through a ring of tensor-map copies issued by a producer
+// warp, wgmma products, k split over a thread-block cluster and summed through distributed shared
+// memory. See wgmma_gemm.h.
 #include <cooperative_groups.h>
 #include <cuda.h>          // CUtensorMap (the encoder is the driver's, reached through the runtime)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -48,8 +49,8 @@ constexpr int kSmemBudget = 96 * 1024;           // ring bytes: two CTAs per SM
 constexpr int kAlignSlack = 1024;                // the swizzle's period (dynamic smem base)
 constexpr int kMaxStages = 8;                    // barrier slots
 
-// Ring stages: 4 with 64 rows (3 x 8 KiB a stage), 3 with 128 (4 x 8 KiB): 96 KiB either way.
-// (One CTA per SM with a 192 KiB ring was slower: bench_gemm 1B down, 64 rows, 21.5 -> 33.3 us.)
+// Ring stages: 4 with 64 rows (3 x 8 KiB a stage), 3 with 128 (4 x 8 KiB): 96 KiB either way, so
+// two CTAs share an SM (one CTA with a 192 KiB ring was slower, bench/NOTES.md 103 t93).
 template <int kMBlocks>
 constexpr int stages() {
   return kSmemBudget / ((kMBlocks + kNBlocks) * kBlockBytes);
