@@ -88,10 +88,11 @@ struct Result {
   const Shape* shape = nullptr;
   std::int32_t rows = 0, copies = 0;
   double weight_bytes = 0, cublas_us = 0, skinny_us = 0, stream_us = 0, auto_us = 0, floor_us = 0;
-  double wgmma_us = 0;         // 0: the warpgroup GEMM does not take the shape
-  const char* auto_path = "";  // what Gemm's default took: stream, skinny or cuBLAS
-  bool skinny_taken = false;   // false: the skinny setting fell back to cuBLAS
-  bool stream_taken = false;   // false: the stream GEMV does not take the shape (stream_us 0)
+  double wgmma_us = 0;            // 0: the warpgroup GEMM does not take the shape
+  std::int32_t wgmma_splits = 0;  // its cluster's CTAs over k (wgmma_gemm_splits)
+  const char* auto_path = "";     // what Gemm's default took: stream, skinny or cuBLAS
+  bool skinny_taken = false;      // false: the skinny setting fell back to cuBLAS
+  bool stream_taken = false;      // false: the stream GEMV does not take the shape (stream_us 0)
 };
 
 // One shape at every row count: W copies live across the row counts.
@@ -161,6 +162,7 @@ void bench_shape(const Shape& sh, Gemm& gemm, double copy_gbps, std::int64_t l2_
               s);
       });
       r.wgmma_us = replay_median_us(graph, reps, s) / kLaunches;
+      r.wgmma_splits = wgmma_gemm_splits(sh.k, sh.n);
     }
     out.push_back(r);
   }
@@ -201,16 +203,17 @@ std::vector<StepTotal> step_totals(const Model& model, const std::vector<Result>
 
 void print(const Model& model, const std::vector<Result>& rs,
            const std::vector<StepTotal>& totals) {
-  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %10s %10s %7s %9s %8s %8s %8s %8s\n",
+  std::printf("\n%-8s %6s %7s %4s %8s %6s %10s %10s %10s %10s %6s %10s %7s %9s %8s %8s %8s %8s\n",
               "shape", "k", "n", "M", "W MiB", "copies", "cuBLAS us", "skinny us", "stream us",
-              "wgmma us", "auto us", "auto", "floor us", "%floor", "cuB%flr", "str%flr", "speedup");
+              "wgmma us", "split", "auto us", "auto", "floor us", "%floor", "cuB%flr", "str%flr",
+              "speedup");
   for (const Result& r : rs)
     std::printf(
-        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %10.2f %10.2f %7s %9.2f %7.1f%% %7.1f%% "
-        "%7.1f%% %7.2fx%s\n",
+        "%-8s %6d %7d %4d %8.1f %6d %10.2f %10.2f %10.2f %10.2f %6d %10.2f %7s %9.2f %7.1f%% "
+        "%7.1f%% %7.1f%% %7.2fx%s\n",
         r.shape->name, r.shape->k, r.shape->n, r.rows, r.weight_bytes / 1048576.0, r.copies,
-        r.cublas_us, r.skinny_us, r.stream_us, r.wgmma_us, r.auto_us, r.auto_path, r.floor_us,
-        100.0 * r.floor_us / r.skinny_us, 100.0 * r.floor_us / r.cublas_us,
+        r.cublas_us, r.skinny_us, r.stream_us, r.wgmma_us, r.wgmma_splits, r.auto_us, r.auto_path,
+        r.floor_us, 100.0 * r.floor_us / r.skinny_us, 100.0 * r.floor_us / r.cublas_us,
         r.stream_taken ? 100.0 * r.floor_us / r.stream_us : 0.0, r.cublas_us / r.skinny_us,
         r.skinny_taken ? "" : "  (skinny fell back to cuBLAS)");
   std::printf("\none decode step's GEMMs (%d x (qkv + o + gate_up + down) + lm_head)\n",

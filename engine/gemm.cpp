@@ -40,7 +40,22 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     if (std::strcmp(gemv, "stream") == 0) gemv_mode_ = GemvMode::kAlways;
     if (std::strcmp(gemv, "off") == 0) gemv_mode_ = GemvMode::kOff;
   }
-  if (const char* wg = std::getenv("GRAPHDECODE_WGMMA_GEMM")) wgmma_ = std::strcmp(wg, "off") != 0;
+  if (const char* wg = std::getenv("GRAPHDECODE_WGMMA_GEMM")) {
+    wgmma_ = std::strcmp(wg, "off") != 0;
+    wgmma_forced_ = std::strcmp(wg, "on") == 0;
+  }
+  if (const char* bounds = std::getenv("GRAPHDECODE_WGMMA_AUTO")) {  // "min_rows,max_rows,max_out"
+    int lo = 0, hi = 0, out = 0, used = 0;
+    GD_REQUIRE(std::sscanf(bounds, "%d,%d,%d%n", &lo, &hi, &out, &used) == 3 &&
+                   bounds[used] == '\0' && lo >= 1 && lo <= hi && hi <= kWgmmaGemmMaxRows &&
+                   out >= 1,
+               "GRAPHDECODE_WGMMA_AUTO", bounds,
+               "must be \"min_rows,max_rows,max_out\": 1 <= min_rows <= max_rows <= 128, "
+               "max_out positive");
+    wgmma_min_rows_ = lo;
+    wgmma_max_rows_ = hi;
+    wgmma_max_out_ = out;
+  }
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
     if (std::strcmp(mode, "off") == 0) skinny_mode_ = SkinnyMode::kOff;
@@ -86,9 +101,21 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
 
 bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
   if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
-  return a.rows > kSkinnyMaxRows && a.rows <= kWgmmaMaxRowsAuto &&
+  return a.rows >= wgmma_min_rows_ && a.rows <= wgmma_max_rows_ && a.out <= wgmma_max_out_ &&
          wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) && aligned16(a.w) &&
          aligned16(a.y);
+}
+
+bool Gemm::fuses_swiglu(const GemmArgs& a) const noexcept {
+  return a.out_type == GemmOut::kBF16 && a.out % 128 == 0 && uses_wgmma(a);
+}
+
+void Gemm::run_swiglu(const GemmArgs& a, cudaStream_t stream) const {
+  GD_REQUIRE(a.rows > 0 && fuses_swiglu(a), "rows", a.rows,
+             "the SwiGLU epilogue runs in the warpgroup GEMM only (bf16 output, out a multiple "
+             "of 128, a shape it takes; Gemm::fuses_swiglu)");
+  wgmma_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream,
+             WgmmaEpilogue::kSwiGlu);
 }
 
 bool Gemm::fuses_norm(const GemmArgs& a) const noexcept {

@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -96,14 +97,30 @@ class Gemm {
   // When the warpgroup GEMM (engine/kernels/wgmma_gemm.h) runs instead of cuBLAS: rows 9 to
   // kWgmmaMaxRowsAuto, on a Hopper GPU with sm_90a code, shapes it takes (k % 64 == 0, out % 8 ==
   // 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the Gemm is made keeps cuBLAS
-  // (A/B of the model step); set_wgmma(false) likewise. 64: alone it trails cuBLAS on most 1B
+  // (A/B of the model step); set_wgmma(false) likewise; =on also overrides a model's own rule
+  // (wgmma_forced()). GRAPHDECODE_WGMMA_AUTO="min_rows,max_rows,max_out" replaces the bounds
+  // (sweeps; the stream GEMV keeps the shapes it takes). 64: alone it trails cuBLAS on most 1B
   // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
   // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64;
   // at 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98). LlamaModel
-  // turns it off past hidden 2048 (the 8B step is unmeasured with it).
+  // raises the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104).
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
+  // Raises the fewest rows it takes (a model's measured rule; not below 9, where the stream GEMV
+  // and cuBLAS run).
+  void set_wgmma_min_rows(std::int32_t rows) noexcept {
+    wgmma_min_rows_ = std::max(rows, kSkinnyMaxRows + 1);
+  }
+  bool wgmma_forced() const noexcept { return wgmma_forced_; }
   bool uses_wgmma(const GemmArgs& args) const noexcept;
+
+  // An MLP's gate_up projection with the SwiGLU folded into the warpgroup GEMM's epilogue
+  // (WgmmaEpilogue::kSwiGlu): args.w = [gate; up] (args.out = 2 x inter), args.y = act
+  // [rows][inter] bf16; the bits of run() into gate_up followed by the swiglu kernel.
+  // fuses_swiglu(args): run(args) would take the warpgroup GEMM, bf16 out, inter % 64 == 0;
+  // run_swiglu throws otherwise.
+  bool fuses_swiglu(const GemmArgs& args) const noexcept;
+  void run_swiglu(const GemmArgs& args, cudaStream_t stream) const;
 
   // The stream GEMV's norm fusions (StreamGemvFusion, engine/kernels/stream_gemv.h): a decode
   // layer's input RMSNorm folded into the down projection before it and the qkv projection after
@@ -127,6 +144,10 @@ class Gemm {
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
   bool plain_ = false;
   bool wgmma_ = true;
+  bool wgmma_forced_ = false;                         // GRAPHDECODE_WGMMA_GEMM=on
+  std::int32_t wgmma_min_rows_ = kSkinnyMaxRows + 1;  // uses_wgmma's bounds (above)
+  std::int32_t wgmma_max_rows_ = kWgmmaMaxRowsAuto;
+  std::int32_t wgmma_max_out_ = 1 << 30;
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;

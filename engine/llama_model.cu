@@ -15,7 +15,15 @@ namespace graphdecode {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::int32_t kWgmmaMaxHidden = 2048;  // the widest model the warpgroup GEMM ran in (1B)
+// Where the warpgroup GEMM (Gemm::uses_wgmma) and its SwiGLU epilogue run, from the decode step on
+// an H200 (bench/NOTES.md 103, 104). Models wider than kWgmmaNarrowHidden (the 8B shape, t101:
+// B = 16 5281.6 -> 5554.1 us, B = 64 7325.5 -> 7208.7) take it from kWgmmaWideMinRows rows; the 1B
+// shape at every row count it takes (9-64). The SwiGLU epilogue from kFuseSwigluMinRows rows (1B,
+// t101, two rounds: B = 16 L = 1024 +0.7%, B = 32 -0.0 / -1.0%, B = 64 -1.4 / -0.7% at L = 1024
+// / 4096).
+constexpr std::int32_t kWgmmaNarrowHidden = 2048;
+constexpr std::int32_t kWgmmaWideMinRows = 33;
+constexpr std::int32_t kFuseSwigluMinRows = 17;
 
 unsigned blocks_for(std::int64_t items) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
@@ -97,11 +105,12 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
       static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows);
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_NORM"))
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
-  // The warpgroup GEMM (Gemm::uses_wgmma, 9-64 rows) was measured in the step of the 1B-class
-  // shape only (hidden 2048: the greedy step 2.7-4.6% faster at B = 16-64, bench/NOTES.md 103,
-  // t99). At hidden 4096 its GEMMs alone are 8-57% slower than cuBLAS (bench_gemm t98) and the
-  // 8B step was not measured with it: wider models keep cuBLAS until it is.
-  if (config_.hidden_size > kWgmmaMaxHidden) gemm_.set_wgmma(false);
+  if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_SWIGLU"))
+    fuse_swiglu_ = std::strcmp(fuse, "0") != 0;
+  // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows only (above);
+  // GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
+  if (config_.hidden_size > kWgmmaNarrowHidden && !gemm_.wgmma_forced())
+    gemm_.set_wgmma_min_rows(kWgmmaWideMinRows);
   logit_x_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_res_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_normed_ = DeviceBuffer<std::uint16_t>(b * h);
@@ -260,15 +269,20 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
   // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
   // normed = norm(residual)
   add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
-  gemm_.run({normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16},
-            stream);
-  SwiGluArgs s;
-  s.gate_up = gate_up_.data();
-  s.out = act_.data();
-  s.num_rows = num_tokens;
-  s.max_rows = rows;
-  s.inter = inter;
-  swiglu(s, stream);
+  const GemmArgs to_act{normed_.data(), w.gate_up, act_.data(), rows, h, 2 * inter, GemmOut::kBF16};
+  if (fuse_swiglu_ && rows >= kFuseSwigluMinRows && gemm_.fuses_swiglu(to_act)) {
+    gemm_.run_swiglu(to_act, stream);  // act = swiglu(gate_up) in the GEMM's epilogue
+  } else {
+    gemm_.run({normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16},
+              stream);
+    SwiGluArgs s;
+    s.gate_up = gate_up_.data();
+    s.out = act_.data();
+    s.num_rows = num_tokens;
+    s.max_rows = rows;
+    s.inter = inter;
+    swiglu(s, stream);
+  }
   const GemmArgs down{act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16};
   if (add_residual) {  // residual_ += down, and its squares for the next layer's qkv GEMV
     StreamGemvFusion f;

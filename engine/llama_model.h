@@ -186,6 +186,9 @@ class LlamaModel {
   // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm).
   DeviceBuffer<float> sum_sq_;
   bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
+  // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
+  // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).
+  bool fuse_swiglu_ = true;
   // [max_logit_rows][hidden]: the logits rows' x, residual and final norm.
   DeviceBuffer<std::uint16_t> logit_x_, logit_res_, logit_normed_;
   DeviceBuffer<float> logits_;          // [max_logit_rows][vocab]

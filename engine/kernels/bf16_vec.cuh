@@ -23,6 +23,13 @@ __device__ __forceinline__ float round_bf16(float f) {
   return __bfloat162float(__float2bfloat16_rn(f));
 }
 
+// SwiGLU of one gate and one up value (floats that hold bf16 values): silu(gate) rounded to bf16,
+// times up; the caller rounds the product when it stores it. The swiglu kernel and the warpgroup
+// GEMM's SwiGLU epilogue share it, so the fused path gives the unfused one's bits.
+__device__ __forceinline__ float swiglu_value(float gate, float up) {
+  return round_bf16(gate / (1.f + expf(-gate))) * up;
+}
+
 __device__ __forceinline__ Vec8 load8(const std::uint16_t* p) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};

@@ -16,6 +16,7 @@ namespace {
 using detail::load8;
 using detail::round_bf16;
 using detail::store8;
+using detail::swiglu_value;
 using detail::Vec8;
 
 constexpr int kThreads = 256;
@@ -99,10 +100,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const __grid_constant_
   const Vec8 u = load8(in + a.inter + vi * 8);
   Vec8 out;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float silu = round_bf16(g.v[e] / (1.f + expf(-g.v[e])));
-    out.v[e] = silu * u.v[e];
-  }
+  for (int e = 0; e < 8; ++e) out.v[e] = swiglu_value(g.v[e], u.v[e]);
   store8(a.out + static_cast<std::size_t>(row) * a.inter + vi * 8, out);
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "attention/mma_utils.cuh"
@@ -16,6 +17,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
+#include "engine/kernels/bf16_vec.cuh"
 #include "engine/kernels/mbarrier.cuh"
 #include "engine/kernels/wgmma_gemm.h"
 
@@ -26,6 +28,8 @@ using detail::mbar_arrive;
 using detail::mbar_arrive_expect_tx;
 using detail::mbar_init;
 using detail::mbar_wait;
+using detail::round_bf16;
+using detail::swiglu_value;
 
 namespace cg = cooperative_groups;
 using attn::smem_addr;
@@ -63,11 +67,14 @@ static_assert(64 * 2 * kRedStride * 4 <= kSmemBudget, "the partial reuses the ri
 static_assert(stages<1>() <= kMaxStages && stages<2>() <= kMaxStages, "barrier slots");
 
 struct Params {
-  CUtensorMap w_map;  // W [n][k]: box 64 k x 128 n, 128-byte swizzle; rows past n read as 0
+  CUtensorMap w_map;  // W [n][k]: box 64 k x 128 n (SwiGLU: 64 n), 128-byte swizzle; rows past n
+                      // read as 0
   CUtensorMap x_map;  // x [rows][k]: box 64 k x 64 kMBlocks rows; rows past `rows` read as 0
-  void* y;            // [rows][n]
+  void* y;            // [rows][n]; SwiGLU: [rows][inter] bf16
   std::int32_t rows, n;
   std::int32_t k_tiles;  // k / 64
+  std::int32_t inter;    // > 0: the SwiGLU epilogue (W = [gate; up], inter rows each, inter % 64
+                         // == 0): tile t takes gate rows 64t.. and up rows inter + 64t..
   bool out_f32;
 };
 
@@ -87,9 +94,11 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map
 }
 
 // Grid (n / 128 tiles, splits), cluster (1, splits): CTA (t, s) computes y's 128 columns of tile
-// t over k tiles s, s + S, .., and the cluster sums them. Warp 4's first lane issues each stage's
-// two tensor copies (W, then x) on the stage's full barrier; the consumer warpgroup waits on it,
-// runs the stage's products and releases the stage (one arrival per warp on its empty barrier).
+// t over k tiles s, s + S, .., and the cluster sums them (SwiGLU: the 64 gate and 64 up columns
+// of act's columns 64t.., each summed as the plain GEMM sums it, then combined). Warp 4's first
+// lane issues each stage's two tensor copies (W, then x) on the stage's full barrier; the consumer
+// warpgroup waits on it, runs the stage's products and releases the stage (one arrival per warp on
+// its empty barrier).
 template <int kMBlocks>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     wgmma_gemm_kernel(const __grid_constant__ Params p) {
@@ -107,9 +116,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // k tiles split, split + splits, ..: the cluster's CTAs read adjacent pieces of W's rows.
   const int tiles = (p.k_tiles - split + splits - 1) / splits;
   const int n0 = static_cast<int>(blockIdx.x) * kBN;
+  const int a0 = static_cast<int>(blockIdx.x) * 64;  // SwiGLU: the tile's first gate row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Stage s: x's row blocks, then W's column blocks, 8 KiB each, each a multiple of 1024 bytes.
   const auto block = [&](int s, int b) { return smem + s * kStageBytes + b * kBlockBytes; };
+  // A stage's W: one 128-row box, or (SwiGLU) 64 gate rows and the 64 up rows of the same columns.
+  const auto copy_w = [&](int s, int kc) {
+    if (p.inter > 0) {
+      tensor_copy_2d(block(s, kMBlocks), &p.w_map, kc, a0, &full[s]);
+      tensor_copy_2d(block(s, kMBlocks + 1), &p.w_map, kc, p.inter + a0, &full[s]);
+    } else {
+      tensor_copy_2d(block(s, kMBlocks), &p.w_map, kc, n0, &full[s]);
+    }
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -127,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const int first = min(kStages, tiles);
       for (int t = 0; t < first; ++t) {
         mbar_arrive_expect_tx(&full[t], kStageBytes);
-        tensor_copy_2d(block(t, kMBlocks), &p.w_map, (split + t * splits) * kBK, n0, &full[t]);
+        copy_w(t, (split + t * splits) * kBK);
       }
       pdl_wait_for_prior_grid();
       pdl_launch_dependents();
@@ -138,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         mbar_wait(&empty[s], ((t / kStages) & 1) ^ 1);  // released by the consumers
         mbar_arrive_expect_tx(&full[s], kStageBytes);
         const int kc = (split + t * splits) * kBK;
-        tensor_copy_2d(block(s, kMBlocks), &p.w_map, kc, n0, &full[s]);
+        copy_w(s, kc);
         tensor_copy_2d(block(s, 0), &p.x_map, kc, 0, &full[s]);
       }
     } else {
@@ -209,6 +228,39 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // CTA `split` sums its share of the rows over the cluster's partials in rank order.
   const int live = min(p.rows, kRows);
   const int r0 = split * live / splits, r1 = (split + 1) * live / splits;
+  if (p.inter > 0) {  // act[row][a0 + c] = swiglu(bf16(gate sum), bf16(up sum)), 4 columns a thread
+    for (int e = threadIdx.x; e < (r1 - r0) * 16; e += kThreads) {
+      const int row = r0 + e / 16, c = (e % 16) * 4;
+      float4 gate = make_float4(0.f, 0.f, 0.f, 0.f), up = gate;
+      for (int r = 0; r < splits; ++r) {
+        const float* part =
+            cluster.map_shared_rank(red, static_cast<unsigned>(r)) + row * kRedStride;
+        const float4 g4 = *reinterpret_cast<const float4*>(part + c);
+        const float4 u4 = *reinterpret_cast<const float4*>(part + 64 + c);
+        gate.x += g4.x;
+        gate.y += g4.y;
+        gate.z += g4.z;
+        gate.w += g4.w;
+        up.x += u4.x;
+        up.y += u4.y;
+        up.z += u4.z;
+        up.w += u4.w;
+      }
+      const __nv_bfloat162 lo =
+          __floats2bfloat162_rn(swiglu_value(round_bf16(gate.x), round_bf16(up.x)),
+                                swiglu_value(round_bf16(gate.y), round_bf16(up.y)));
+      const __nv_bfloat162 hi =
+          __floats2bfloat162_rn(swiglu_value(round_bf16(gate.z), round_bf16(up.z)),
+                                swiglu_value(round_bf16(gate.w), round_bf16(up.w)));
+      uint2 packed;
+      packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(p.y) +
+                                static_cast<std::size_t>(row) * p.inter + a0 + c) = packed;
+    }
+    cluster.sync();  // no CTA leaves while another still reads its partial
+    return;
+  }
   for (int e = threadIdx.x; e < (r1 - r0) * (kBN / 4); e += kThreads) {
     const int row = r0 + e / (kBN / 4), c = (e % (kBN / 4)) * 4, col = n0 + c;
     if (col >= p.n) continue;
@@ -270,6 +322,32 @@ CUtensorMap encode_map(const std::uint16_t* m, std::int32_t rows, std::int32_t k
   return map;
 }
 
+// Clusters of 1, 2, 4 and 8 CTAs the device holds at once (cudaOccupancyMaxActiveClusters),
+// filled by wgmma_gemm_available() at start-up. A cluster's CTAs share a GPC, so this is below
+// SMs * 2 / splits: on GPCs of 16-18 SMs, 32 clusters of 8 (the 8B o and down projections) did
+// not all fit side by side, and the last ones ran as a second wave.
+std::int32_t g_resident_clusters[kMaxSplits + 1] = {};
+
+void count_resident_clusters(int sms) {
+  for (int s = 1; s <= kMaxSplits; s *= 2) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim =
+        dim3(static_cast<unsigned>(std::max(sms, 1) * kCtasPerSm), static_cast<unsigned>(s));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem_bytes<1>();
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = static_cast<unsigned>(s);
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, wgmma_gemm_kernel<1>, &cfg));
+    g_resident_clusters[s] = std::max(clusters, 1);
+  }
+}
+
 template <int kMBlocks>
 void set_smem_limit() {
   GD_CUDA(cudaFuncSetAttribute(wgmma_gemm_kernel<kMBlocks>,
@@ -293,6 +371,9 @@ bool wgmma_gemm_available() {
     if (has != 1) return false;
     set_smem_limit<1>();
     set_smem_limit<2>();
+    int sms = 0;
+    GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    count_resident_clusters(sms);
     return true;
   }();
   return available;
@@ -303,16 +384,38 @@ bool wgmma_gemm_supported(std::int32_t rows, std::int32_t k, std::int32_t n) {
          wgmma_gemm_available();
 }
 
-std::int32_t wgmma_gemm_splits(const SkinnyGemmDevice& dev, std::int32_t k, std::int32_t n) {
+namespace {
+
+// GRAPHDECODE_WGMMA_SPLITS (1, 2, 4 or 8) sets the split wherever k allows it, residency aside
+// (sweeps); 0 = the rule below. Anything else is refused.
+std::int32_t splits_from_env() {
+  static const std::int32_t forced = [] {
+    const char* v = std::getenv("GRAPHDECODE_WGMMA_SPLITS");
+    if (v == nullptr) return 0;
+    const int c = std::atoi(v);
+    GD_REQUIRE(c == 1 || c == 2 || c == 4 || c == 8, "GRAPHDECODE_WGMMA_SPLITS", v,
+               "must be 1, 2, 4 or 8");
+    return static_cast<std::int32_t>(c);
+  }();
+  return forced;
+}
+
+}  // namespace
+
+std::int32_t wgmma_gemm_splits(std::int32_t k, std::int32_t n) {
+  if (!wgmma_gemm_available()) return 1;
   const std::int32_t n_tiles = (n + kBN - 1) / kBN, k_tiles = k / kBK;
-  const std::int32_t slots = kCtasPerSm * std::max(dev.sm_count, 1);
+  const std::int32_t forced = splits_from_env();
   std::int32_t s = 1;
-  while (2 * s <= kMaxSplits && k_tiles / (2 * s) >= kMinTilesPerSplit && n_tiles * 2 * s <= slots)
+  // Split k while every CTA keeps a few tiles and the n tiles' clusters are resident together.
+  while (2 * s <= kMaxSplits && k_tiles / (2 * s) >= kMinTilesPerSplit &&
+         (forced != 0 ? 2 * s <= forced : n_tiles <= g_resident_clusters[2 * s]))
     s *= 2;
   return s;
 }
 
-void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream) {
+void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream,
+                WgmmaEpilogue epilogue) {
   GD_REQUIRE(dev.sm_count > 0, "dev.sm_count", dev.sm_count, "use SkinnyGemmDevice::current()");
   GD_REQUIRE(a.rows >= 1 && a.rows <= kWgmmaGemmMaxRows, "rows", a.rows,
              "the warpgroup GEMM takes 1..128");
@@ -323,16 +426,23 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
   GD_REQUIRE(a.y != nullptr && aligned16(a.y), "y", a.y, "must be non-null and 16-byte aligned");
   GD_REQUIRE(wgmma_gemm_available(), "device", "no sm_90a code",
              "the warpgroup GEMM needs a Hopper GPU and a build for sm_90a");
+  const bool swiglu = epilogue == WgmmaEpilogue::kSwiGlu;
+  if (swiglu) {
+    GD_REQUIRE(a.n % 128 == 0, "n", a.n,
+               "the SwiGLU epilogue takes W = [gate; up] with a multiple of 64 rows each");
+    GD_REQUIRE(!a.out_f32, "out_f32", "true", "the SwiGLU epilogue writes bf16");
+  }
   const int m_blocks = a.rows <= 64 ? 1 : 2;
   Params p{};
-  p.w_map = encode_map(a.w, a.n, a.k, kBN, "w");
+  p.w_map = encode_map(a.w, a.n, a.k, swiglu ? 64 : kBN, "w");
   p.x_map = encode_map(a.x, a.rows, a.k, 64 * m_blocks, "x");
   p.y = a.y;
   p.rows = a.rows;
   p.n = a.n;
   p.k_tiles = a.k / kBK;
   p.out_f32 = a.out_f32;
-  const std::int32_t splits = wgmma_gemm_splits(dev, a.k, a.n);
+  p.inter = swiglu ? a.n / 2 : 0;
+  const std::int32_t splits = wgmma_gemm_splits(a.k, a.n);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>((a.n + kBN - 1) / kBN), static_cast<unsigned>(splits));
   cfg.blockDim = dim3(kThreads);

@@ -43,10 +43,23 @@ bool wgmma_gemm_available();
 // 64, n a positive multiple of 8.
 bool wgmma_gemm_supported(std::int32_t rows, std::int32_t k, std::int32_t n);
 
-// CTAs of the cluster that share one tile's k (1, 2, 4 or 8), from n, k and the SM count only.
-std::int32_t wgmma_gemm_splits(const SkinnyGemmDevice& dev, std::int32_t k, std::int32_t n);
+// CTAs of the cluster that share one tile's k (1, 2, 4 or 8), from n, k and the clusters of each
+// size the device holds at once (asked at start-up): the largest split whose clusters all stay
+// resident, each CTA keeping >= 4 k tiles. GRAPHDECODE_WGMMA_SPLITS=1|2|4|8 sets it (sweeps).
+std::int32_t wgmma_gemm_splits(std::int32_t k, std::int32_t n);
+
+// What the kernel does with a tile's sums.
+enum class WgmmaEpilogue : std::uint8_t {
+  kStore,  // y[rows][n] = the sums (bf16 or float)
+  // An MLP's gate_up projection into the activation: W = [gate; up] ([n / 2] rows each, n a
+  // multiple of 128), y = act [rows][n / 2] bf16, act = swiglu(gate sum, up sum) with each sum
+  // rounded to bf16 first: the bits of this GEMM's kStore output followed by the swiglu kernel
+  // (engine/kernels/model_kernels.h), without writing and reading gate_up or a launch between.
+  kSwiGlu,
+};
 
 // Validates `args` (graphdecode::Error names the field) and launches on `stream`.
-void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream);
+void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream,
+                WgmmaEpilogue epilogue = WgmmaEpilogue::kStore);
 
 }  // namespace graphdecode

@@ -1,10 +1,12 @@
 // GPU: the warpgroup GEMM (rows 1-128, engine/kernels/wgmma_gemm.h) against a float64 reference and
 // cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
-// bad arguments. Fresh random data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned
-// (NaN) with a guard past the end (gemm_check.h): every element written, nothing past it.
+// the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments. Fresh random
+// data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
+// (gemm_check.h): every element written, nothing past it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "common/buffers.h"
 #include "common/stream.h"
 #include "engine/gemm.h"
+#include "engine/kernels/model_kernels.h"
 #include "engine/kernels/wgmma_gemm.h"
 #include "gemm_check.h"
 #include "gemm_test_data.h"
@@ -53,7 +56,7 @@ TEST_F(WgmmaGemmGpu, MatchesFloat64AndCublas) {
   std::vector<std::pair<int, int>> shapes{{256, 136}, {512, 1000}, {8192, 264}};
   if (!sanitize_mode()) shapes.push_back({2048, 3072});
   for (const auto& [k, n] : shapes) {
-    SCOPED_TRACE("splits " + std::to_string(wgmma_gemm_splits(dev, k, n)));
+    SCOPED_TRACE("splits " + std::to_string(wgmma_gemm_splits(k, n)));
     for (bool exact : {false, true}) {
       const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, exact);
       auto dw = to_device(w, s);
@@ -112,6 +115,64 @@ TEST_F(WgmmaGemmGpu, RowsAreIndependentAndGraphEqualsEagerBitwise) {
   }
 }
 
+// The SwiGLU epilogue (WgmmaEpilogue::kSwiGlu): act equals, bit for bit, this GEMM's bf16 gate_up
+// followed by the swiglu kernel (the model's unfused path), at splits 1-8 and one or two row
+// blocks, every element written; and it is within bounds of silu(g) u from float64 sums.
+TEST_F(WgmmaGemmGpu, SwiGluEpilogueEqualsGemmThenSwigluBitwise) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  std::vector<std::pair<int, int>> shapes{{256, 64}, {512, 192}};  // {k, inter}
+  if (!sanitize_mode()) shapes.push_back({8192, 1024});
+  DeviceBuffer<std::int32_t> num_rows(1);
+  for (const auto& [k, inter] : shapes) {
+    const int n = 2 * inter;
+    SCOPED_TRACE("k " + std::to_string(k) + " inter " + std::to_string(inter) + " splits " +
+                 std::to_string(wgmma_gemm_splits(k, n)));
+    const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, false);
+    auto dw = to_device(w, s);
+    for (int rows : {1, 9, 64, 65, 128}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      const Problem p = make_problem(rng, rows, k, n, false, &w);
+      auto dx = to_device(p.x, s);
+      const std::vector<std::int32_t> live{rows};
+      num_rows.upload(live.data(), 1, s);
+      DeviceBuffer<std::uint16_t> gate_up(static_cast<std::size_t>(rows) * n);
+      const GemmArgs act_args{dx.data(), dw.data(), nullptr, rows, k, inter, GemmOut::kBF16};
+      std::vector<double> fused, unfused;
+      ASSERT_TRUE(run_into(act_args, s, fused, [&](const GemmArgs& a) {
+        wgmma_gemm(dev, {a.x, a.w, a.y, rows, k, n, false}, s, WgmmaEpilogue::kSwiGlu);
+      }));
+      ASSERT_TRUE(run_into(act_args, s, unfused, [&](const GemmArgs& a) {
+        wgmma_gemm(dev, {a.x, a.w, gate_up.data(), rows, k, n, false}, s);
+        SwiGluArgs sw;
+        sw.gate_up = gate_up.data();
+        sw.out = static_cast<std::uint16_t*>(a.y);
+        sw.num_rows = num_rows.data();
+        sw.max_rows = rows;
+        sw.inter = inter;
+        swiglu(sw, s);
+      }));
+      for (std::size_t i = 0; i < fused.size(); ++i)
+        ASSERT_EQ(fused[i], unfused[i]) << "row " << i / inter << " col " << i % inter;
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < inter; ++j) {
+          const std::size_t gi = static_cast<std::size_t>(r) * n + j, ui = gi + inter;
+          const double g = p.ref[gi], u = p.ref[ui];
+          const double tg = bound(p, gi, GemmOut::kBF16), tu = bound(p, ui, GemmOut::kBF16);
+          const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+          // silu' is within [-0.1, 1.1]; silu(g) is rounded to bf16 and so is the product.
+          const double tol = 2.0 * (1.1 * tg * std::abs(u) + (std::abs(silu) + 1.1 * tg) * tu) +
+                             std::ldexp(std::abs(silu * u), -7) + 1e-30;
+          const double got = fused[static_cast<std::size_t>(r) * inter + j];
+          ASSERT_LE(std::abs(got - want), tol) << "row " << r << " col " << j << " want " << want;
+        }
+    }
+  }
+}
+
 TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
   if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
   Stream s;
@@ -123,6 +184,11 @@ TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
   EXPECT_EQ(field({p, p, p, 129, 64, 8, false}), "rows");
   EXPECT_EQ(field({p, p, p, 4, 72, 8, false}), "k");
   EXPECT_EQ(field({p, p, p, 4, 64, 12, false}), "n");
+  const auto swiglu_field = [&](SkinnyGemmArgs a) {
+    return field_of([&] { wgmma_gemm(dev, a, s, WgmmaEpilogue::kSwiGlu); });
+  };
+  EXPECT_EQ(swiglu_field({p, p, p, 4, 64, 192, false}), "n");  // inter 96: not a multiple of 64
+  EXPECT_EQ(swiglu_field({p, p, p, 4, 64, 256, true}), "out_f32");
   EXPECT_EQ(field({p + 1, p, p, 4, 64, 8, false}), "x");
   EXPECT_EQ(field({p, nullptr, p, 4, 64, 8, false}), "w");
   EXPECT_EQ(field({p, p, nullptr, 4, 64, 8, false}), "y");
