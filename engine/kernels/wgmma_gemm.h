@@ -36,7 +36,8 @@ namespace graphdecode {
 inline constexpr std::int32_t kWgmmaGemmMaxRows = 128;
 
 // True when this binary has the kernel for this device (sm_90a code on a compute capability 9.0
-// GPU): probed once, at the first call (a one-thread launch and a wait: start-up only).
+// GPU): probed once, at the first call (a one-thread launch and a wait, then the resident-cluster
+// counts of wgmma_gemm_splits: start-up only; Gemm's constructor makes that first call).
 bool wgmma_gemm_available();
 
 // True when wgmma_gemm takes (rows, k, n): available, 1 <= rows <= 128, k a positive multiple of
