@@ -16,6 +16,11 @@
 //   adds   end - max(start, latest end before it): what it adds to the step's span,
 //   gap    start - latest end before it when positive (idle device between kernels).
 // Then the same by kernel name (summed over a step) and the step's span against the sum of adds.
+// In a trace build (-DGD_ATTN_TRACE=1 in CMAKE_CUDA_FLAGS and CMAKE_CXX_FLAGS), the last replay's
+// last attention launch (the last layer's) is also read per CTA (attention/attention_trace.cuh):
+// when its CTAs knew their work item, had their first K/V tile, finished attending and exited,
+// counted from the end of the kernel before it (the QKV epilogue, whose end the attention waits
+// for), taking the first CTA's entry as the kernel's CUPTI start.
 #include <cuda_runtime.h>
 #include <cupti.h>
 #include <cxxabi.h>
@@ -35,6 +40,11 @@
 #include "common/error.h"
 #include "common/stream.h"
 #include "engine/weights.h"
+
+#if GD_ATTN_TRACE
+#include "attention/attention_trace.cuh"
+#include "attention/paged_attention.h"
+#endif
 
 namespace graphdecode::bench {
 namespace {
@@ -93,6 +103,56 @@ std::string short_name(const std::string& mangled) {
   if (n.size() > 48) n.resize(48);
   return n;
 }
+
+#if GD_ATTN_TRACE
+// The last attention launch of `step` per CTA, from the end of the kernel before it (us).
+void print_attention_trace(const std::vector<KernelRecord>& step,
+                           const std::vector<unsigned long long>& trace) {
+  std::size_t ia = step.size();
+  for (std::size_t i = 0; i < step.size(); ++i)
+    if (short_name(step[i].name) == "attention_kernel") ia = i;
+  if (ia == step.size() || ia == 0) {
+    std::printf("\nattention trace: no attention kernel with a kernel before it\n");
+    return;
+  }
+  const auto f = [&](std::size_t cta, int field) {
+    return trace[cta * attn::kTraceFields + static_cast<std::size_t>(field)];
+  };
+  std::uint64_t first_entry = ~0ull;
+  for (std::size_t c = 0; c < static_cast<std::size_t>(attn::kTraceCtas); ++c)
+    if (f(c, 0) != 0) first_entry = std::min<std::uint64_t>(first_entry, f(c, 0));
+  if (first_entry == ~0ull) {
+    std::printf("\nattention trace: empty\n");
+    return;
+  }
+  // The kernel before it ends at (its end - attention start) after the first CTA's entry.
+  const double before_end =
+      1e-3 * (static_cast<double>(step[ia - 1].end) - static_cast<double>(step[ia].start));
+  const char* names[5] = {"entry", "work item", "first K/V tile", "attend done", "exit"};
+  std::vector<double> at[5];
+  int ctas = 0, merged = 0;
+  for (std::size_t c = 0; c < static_cast<std::size_t>(attn::kTraceCtas); ++c) {
+    if (f(c, 0) == 0 || f(c, 2) == 0) continue;  // did not run, or had no work item
+    ++ctas;
+    merged += f(c, 11) == 1 ? 1 : 0;
+    for (int i = 0; i < 5; ++i)
+      if (f(c, 2 * i) != 0)
+        at[i].push_back(1e-3 * static_cast<double>(f(c, 2 * i) - first_entry) - before_end);
+  }
+  std::printf(
+      "\nlast attention launch (%s before it ends %.2f us after the attention's start): %d CTAs "
+      "with work, %d merged; us from that end, min / median / max:\n",
+      short_name(step[ia - 1].name).c_str(), before_end, ctas, merged);
+  for (int i = 0; i < 5; ++i) {
+    if (at[i].empty()) continue;
+    std::sort(at[i].begin(), at[i].end());
+    std::printf("  %-16s %8.2f %8.2f %8.2f\n", names[i], at[i].front(), median(at[i]),
+                at[i].back());
+  }
+  std::printf("  attention end    %8.2f (CUPTI)\n",
+              1e-3 * (static_cast<double>(step[ia].end) - static_cast<double>(step[ia - 1].end)));
+}
+#endif
 
 struct Row {
   std::string name;
@@ -156,11 +216,17 @@ int run(int argc, char** argv) {
   GD_CUPTI(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   GD_CUPTI(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   for (int i = 0; i < reps; ++i) {
+#if GD_ATTN_TRACE
+    if (i == reps - 1) attn::clear_trace();  // the last replay's last attention launch, below
+#endif
     t.flush_now(s.get());
     GD_CUDA(cudaStreamSynchronize(s.get()));  // the step alone on the device
     graphs.step(d, s.get());
     GD_CUDA(cudaStreamSynchronize(s.get()));
   }
+#if GD_ATTN_TRACE
+  const std::vector<unsigned long long> trace = attn::read_trace();
+#endif
   GD_CUPTI(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   GD_CUPTI(cuptiActivityFlushAll(1));
   std::sort(records.begin(), records.end(),
@@ -239,6 +305,9 @@ int run(int argc, char** argv) {
       "\nstep span (first start to last end), median: %.1f us; sum of adds %.1f us + gaps "
       "%.1f us = %.1f us; %zu kernels\n",
       median(span), adds_total, gap_total, adds_total + gap_total, kernels);
+#if GD_ATTN_TRACE
+  print_attention_trace(steps.back(), trace);
+#endif
   return 0;
 }
 
