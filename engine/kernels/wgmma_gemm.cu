@@ -167,15 +167,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     pdl_wait_for_prior_grid();  // y may still be read by the kernel before
   }
 
-  float acc[kMBlocks][kNBlocks][8][4];
-#pragma unroll
-  for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-    for (int nb = 0; nb < kNBlocks; ++nb)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mb][nb][j][e] = 0.f;
+  float acc[kMBlocks][kNBlocks][8][4] = {};
 
   if (warp < kConsumerThreads / 32) {
 #pragma unroll 1
