@@ -98,7 +98,9 @@ __device__ __forceinline__ void attend(const KernelParams& p, const WorkItem& w,
 #pragma unroll 1
   for (int it = 1 - C::kStages; it < n_tiles; ++it) {
     if (early && it == 0) {
+      GD_TRACE_POINT(6);
       grid_dependency_sync();
+      GD_TRACE_POINT(5);
       load_q();
       for (int t = 0; t < C::kStages - 1 && t < n_tiles; ++t)
         load_kv_tile<T, kHeadDim, true, true>(

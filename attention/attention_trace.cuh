@@ -5,6 +5,10 @@
 // Record of CTA b, g_attn_trace[b * kTraceFields + f]:
 //   f = 2i, 2i+1: globaltimer, clock64 at point i: 0 entry, 1 work item known, 2 first K/V tile in
 //                 shared memory, 3 attention done, 4 exit (after the split-KV merge, if any)
+//   f = 28, 29:   the same at point 5: an early start's griddepcontrol.wait returned (decode and
+//                 mma.sync extend layouts; 0 where the CTA waited at entry)
+//   f = 30, 31:   point 6: the early start's copies before the wait are issued, the wait not begun
+//                 (issue stalls on copies in flight show as time between 1 and 6)
 //   f = 10: smid | chunks << 16 | chunk << 32 | keys of the item << 40;  f = 11: 1 if it merged.
 //   f = 12 + j (j < 8): globaltimer when tile n_tiles * j / 8 of its item is in shared memory
 //                 (the stream's progress over time: does a CTA speed up once others are done?).
@@ -19,7 +23,7 @@
 
 #if GD_ATTN_TRACE
 namespace graphdecode::attn {
-constexpr int kTraceCtas = 8192, kTraceFields = 28;
+constexpr int kTraceCtas = 8192, kTraceFields = 32;
 __device__ unsigned long long g_attn_trace[kTraceCtas * kTraceFields];
 
 __device__ __forceinline__ void trace_value(int field, unsigned long long v) {
@@ -29,8 +33,9 @@ __device__ __forceinline__ void trace_value(int field, unsigned long long v) {
 __device__ __forceinline__ void trace_point(int i) {
   unsigned long long g;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
-  trace_value(2 * i, g);
-  trace_value(2 * i + 1, clock64());
+  const int f = i < 5 ? 2 * i : 28 + 2 * (i - 5);
+  trace_value(f, g);
+  trace_value(f + 1, clock64());
 }
 __device__ __forceinline__ void trace_tile(int it, int n_tiles) {
   for (int j = 0; j < 8; ++j) {

@@ -128,28 +128,35 @@ void print_attention_trace(const std::vector<KernelRecord>& step,
   // The kernel before it ends at (its end - attention start) after the first CTA's entry.
   const double before_end =
       1e-3 * (static_cast<double>(step[ia - 1].end) - static_cast<double>(step[ia].start));
-  const char* names[5] = {"entry", "work item", "first K/V tile", "attend done", "exit"};
-  std::vector<double> at[5];
+  // Points in time order: the early start's copies issued (field 30) and its wait returned (28)
+  // come between the work item and the first tile; field 16 is the item's tile n_tiles / 2 in
+  // shared memory (items of 2+ tiles).
+  constexpr int kPoints = 8;
+  const char* names[kPoints] = {
+      "entry",          "work item",        "early copies issued", "wait returned",
+      "first K/V tile", "tile n/2 in smem", "attend done",         "exit"};
+  const int fields[kPoints] = {0, 2, 30, 28, 4, 16, 6, 8};
+  std::vector<double> at[kPoints];
   int ctas = 0, merged = 0;
   for (std::size_t c = 0; c < static_cast<std::size_t>(attn::kTraceCtas); ++c) {
     if (f(c, 0) == 0 || f(c, 2) == 0) continue;  // did not run, or had no work item
     ++ctas;
     merged += f(c, 11) == 1 ? 1 : 0;
-    for (int i = 0; i < 5; ++i)
-      if (f(c, 2 * i) != 0)
-        at[i].push_back(1e-3 * static_cast<double>(f(c, 2 * i) - first_entry) - before_end);
+    for (int i = 0; i < kPoints; ++i)
+      if (f(c, fields[i]) != 0)
+        at[i].push_back(1e-3 * static_cast<double>(f(c, fields[i]) - first_entry) - before_end);
   }
   std::printf(
       "\nlast attention launch (%s before it ends %.2f us after the attention's start): %d CTAs "
       "with work, %d merged; us from that end, min / median / max:\n",
       short_name(step[ia - 1].name).c_str(), before_end, ctas, merged);
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kPoints; ++i) {
     if (at[i].empty()) continue;
     std::sort(at[i].begin(), at[i].end());
-    std::printf("  %-16s %8.2f %8.2f %8.2f\n", names[i], at[i].front(), median(at[i]),
+    std::printf("  %-20s %8.2f %8.2f %8.2f\n", names[i], at[i].front(), median(at[i]),
                 at[i].back());
   }
-  std::printf("  attention end    %8.2f (CUPTI)\n",
+  std::printf("  attention end        %8.2f (CUPTI)\n",
               1e-3 * (static_cast<double>(step[ia].end) - static_cast<double>(step[ia - 1].end)));
 }
 #endif
