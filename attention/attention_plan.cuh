@@ -176,9 +176,11 @@ __host__ __device__ __forceinline__ int chunk_size_for(const PlanParams& p, cons
   }
   const int per = udiv(span + a.chunks - 1, a.chunks);
   const int chunk = max(a.min_keys, round_up_tile(per));
-  // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request.
-  return max(chunk,
-             min(kFineChunkTokens, round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks)));
+  // Chunks under kFineChunkTokens keys: at most kMaxFineChunks of them per request, none under
+  // kFineFloorTokens unless kFewFineChunks chunks are already shorter (attention_policy.h).
+  const int many = round_up_tile((span + kMaxFineChunks - 1) / kMaxFineChunks);
+  const int few = round_up_tile((span + kFewFineChunks - 1) / kFewFineChunks);
+  return max(chunk, min(kFineChunkTokens, max(many, min(kFineFloorTokens, few))));
 }
 
 // One request's share of the plan, from a block-wide pass over up to kBlock requests (thread i =

@@ -80,6 +80,28 @@ TEST(AttentionSplitRule, ChunkLengths) {
   EXPECT_EQ(chunk_size_for(p, none, two), kNoSplit);
 }
 
+// One request under one wave (B = 1 at d64: 49 chunks asked): the fine split's chunk lengths at the
+// contexts it was measured on (bench/NOTES.md 105), with the new token's key.
+TEST(AttentionSplitRule, FineChunksOfOneRequest) {
+  const PlanParams p = d64_params();
+  const AdaptiveSplit one = adaptive_split(p, 8);
+  ASSERT_EQ(one.chunks, 49);
+  const auto chunk = [&](int keys) { return chunk_size_for(p, decode_request(keys), one); };
+  EXPECT_EQ(chunk(513), 64);    // 16 chunks would be shorter than the floor: 9 of 64 keys
+  EXPECT_EQ(chunk(1025), 128);  // 9 of 128 (not 17 of 64: the floor)
+  EXPECT_EQ(chunk(2049), 128);  // 17 of 128 (16 chunks: 11 of 192)
+  EXPECT_EQ(chunk(4097), 192);  // 22 of 192 (16 chunks: 17 of 256)
+  EXPECT_EQ(chunk(8193), kFineChunkTokens);  // 33 of 256: past the fine chunks
+  for (int keys = 1; keys <= 20000; keys += 7) {
+    const int c = chunk(keys);
+    if (c == kNoSplit) continue;
+    ASSERT_EQ(c % kBlockN, 0) << keys;
+    const int pieces = (keys + c - 1) / c;
+    ASSERT_TRUE(c >= kFineChunkTokens || pieces <= kMaxFineChunks) << keys;
+    ASSERT_TRUE(c >= kFineFloorTokens || pieces <= kFewFineChunks) << keys;
+  }
+}
+
 // Over every batch of one to kWaveSplitMaxWaves waves, for 2-4 chunk caps and two wave sizes: the
 // choice is within the cap, never predicted slower than one chunk, a cut only when it gains at
 // least 1/kWaveSplitGain, and every request's chunks are >= min_keys keys but for the rounding.
