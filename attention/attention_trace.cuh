@@ -9,6 +9,9 @@
 //                 mma.sync extend layouts; 0 where the CTA waited at entry)
 //   f = 30, 31:   point 6: the early start's copies before the wait are issued, the wait not begun
 //                 (issue stalls on copies in flight show as time between 1 and 6)
+//   f = 32, 33:   point 7 (merging CTAs): the arrivals counted, this CTA merges
+//   f = 34:       globaltimer once thread 0's first batch of partial states is in registers
+//                 (f = 35 holds a value made from it, stored first, so the time is read after)
 //   f = 10: smid | chunks << 16 | chunk << 32 | keys of the item << 40;  f = 11: 1 if it merged.
 //   f = 12 + j (j < 8): globaltimer when tile n_tiles * j / 8 of its item is in shared memory
 //                 (the stream's progress over time: does a CTA speed up once others are done?).
@@ -23,7 +26,7 @@
 
 #if GD_ATTN_TRACE
 namespace graphdecode::attn {
-constexpr int kTraceCtas = 8192, kTraceFields = 32;
+constexpr int kTraceCtas = 8192, kTraceFields = 36;
 __device__ unsigned long long g_attn_trace[kTraceCtas * kTraceFields];
 
 __device__ __forceinline__ void trace_value(int field, unsigned long long v) {
@@ -47,6 +50,13 @@ __device__ __forceinline__ void trace_tile(int it, int n_tiles) {
     }
   }
 }
+// The store of `dep` waits for it (in-order issue), so the globaltimer read after it comes later.
+__device__ __forceinline__ void trace_loaded(unsigned dep) {
+  trace_value(35, dep);
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g)::"memory");
+  trace_value(34, g);
+}
 // The store of `dep` waits for it (in-order issue), so the clock read after it comes later.
 __device__ __forceinline__ void trace_after(int k, int dep) {
   trace_value(24 + k, static_cast<unsigned long long>(static_cast<unsigned>(dep)));
@@ -68,10 +78,12 @@ __device__ __forceinline__ void trace_after(int k, int dep) {
     trace_value(11, 0);                                                            \
   } while (0)
 #define GD_TRACE_MERGED() trace_value(11, 1)
+#define GD_TRACE_LOADED(dep) trace_loaded(dep)
 #else
 #define GD_TRACE_POINT(i)
 #define GD_TRACE_AFTER(k, dep)
 #define GD_TRACE_TILE(it, n)
 #define GD_TRACE_ITEM(w)
 #define GD_TRACE_MERGED()
+#define GD_TRACE_LOADED(dep)
 #endif

@@ -38,6 +38,7 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
   __syncthreads();
   if (!*s_last) return;
   GD_TRACE_MERGED();
+  GD_TRACE_POINT(7);
   const std::int64_t stride = static_cast<std::int64_t>(w.q_len) * p.call.num_q_heads;  // per chunk
   constexpr int kQuads = kHeadDim / 4;
   for (int e = threadIdx.x; e < w.rows * kQuads; e += kThreads) {
@@ -86,6 +87,7 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
       float lc_a[kMergeBatch], lc_b[kMergeBatch];
       float4 v_a[kMergeBatch], v_b[kMergeBatch];
       load(0, lc_a, v_a);
+      if (e == 0) GD_TRACE_LOADED(__float_as_uint(lc_a[0]) ^ __float_as_uint(v_a[0].x));
       for (int c0 = 0; c0 < w.chunks; c0 += 2 * kMergeBatch) {
         const bool has_b = c0 + kMergeBatch < w.chunks;
         if (has_b) load(c0 + kMergeBatch, lc_b, v_b);
@@ -99,6 +101,7 @@ __device__ __forceinline__ void merge_if_last(const KernelParams& p, const WorkI
         float lc[kMergeBatch];
         float4 v[kMergeBatch];
         load(c0, lc, v);
+        if (c0 == 0 && e == 0) GD_TRACE_LOADED(__float_as_uint(lc[0]) ^ __float_as_uint(v[0].x));
         consume(lc, v);
       }
     }

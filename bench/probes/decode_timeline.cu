@@ -130,20 +130,24 @@ void print_attention_trace(const std::vector<KernelRecord>& step,
       1e-3 * (static_cast<double>(step[ia - 1].end) - static_cast<double>(step[ia].start));
   // Points in time order: the early start's copies issued (field 30) and its wait returned (28)
   // come between the work item and the first tile; field 16 is the item's tile n_tiles / 2 in
-  // shared memory (items of 2+ tiles).
-  constexpr int kPoints = 8;
-  const char* names[kPoints] = {
-      "entry",          "work item",        "early copies issued", "wait returned",
-      "first K/V tile", "tile n/2 in smem", "attend done",         "exit"};
-  const int fields[kPoints] = {0, 2, 30, 28, 4, 16, 6, 8};
+  // shared memory (items of 2+ tiles); fields 32 and 34 are the merging CTAs' (arrivals counted,
+  // first partial states loaded).
+  constexpr int kPoints = 10;
+  const char* names[kPoints] = {"entry",         "work item",      "early copies issued",
+                                "wait returned", "first K/V tile", "tile n/2 in smem",
+                                "attend done",   "merge: arrived", "merge: loaded",
+                                "exit"};
+  const int fields[kPoints] = {0, 2, 30, 28, 4, 16, 6, 32, 34, 8};
   std::vector<double> at[kPoints];
   int ctas = 0, merged = 0;
   for (std::size_t c = 0; c < static_cast<std::size_t>(attn::kTraceCtas); ++c) {
     if (f(c, 0) == 0 || f(c, 2) == 0) continue;  // did not run, or had no work item
     ++ctas;
     merged += f(c, 11) == 1 ? 1 : 0;
+    // A point this launch did not reach may hold an earlier layer's time (the merging CTA of a
+    // head can differ between layers): only times from this launch's first entry on count.
     for (int i = 0; i < kPoints; ++i)
-      if (f(c, fields[i]) != 0)
+      if (f(c, fields[i]) >= first_entry)
         at[i].push_back(1e-3 * static_cast<double>(f(c, fields[i]) - first_entry) - before_end);
   }
   std::printf(

@@ -4,7 +4,7 @@ Times in us from the first CTA's entry (globaltimer); durations inside a CTA fro
 import glob, sys
 import numpy as np
 
-F = 32  # attention/attention_trace.cuh's kTraceFields
+F = 36  # attention/attention_trace.cuh's kTraceFields
 for path in sorted(glob.glob(sys.argv[1] + "/trace_*.bin")):
     t = np.fromfile(path, dtype=np.uint64).reshape(-1, F).astype(np.int64)
     ran = t[:, 0] != 0
