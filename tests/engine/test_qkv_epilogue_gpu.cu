@@ -114,7 +114,7 @@ void run_case(Rng& rng, cudaStream_t s, const Case& c, bool graph, int max_rows 
                std::to_string(max_rows));
   const int qw = c.hq * c.hd, kvw = c.hkv * c.hd, cols = qw + 2 * kvw;
   const int ps = c.page_size, mpps = kMaxPos / ps + 1;
-  const std::size_t rows = max_rows, cache_n = std::size_t{pages} * c.hkv * ps * c.hd;
+  const std::size_t rows = max_rows, cache_n = static_cast<std::size_t>(pages) * c.hkv * ps * c.hd;
   RopeConfig rc;
   rc.head_dim = c.hd;
   rc.theta = c.norm ? 1000000.0 : 500000.0;
