@@ -83,13 +83,17 @@ inline constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;
 // 32 / 16 / 128: NOTES 105 (H200, t107: 32 chunks, 1B step B = 1 L = 4096 1071.7 -> 1047.2 us,
 // 8B 4879 -> 4847; at L = 1024 its 64-key chunks cost +7 us, which the 128-key floor keeps off);
 // before, 16 for all: NOTES 81 (8: B=1 L=2048 step 8.5 us vs 7.7), 93 (24: B=1 L=4096 call
-// 17.6-17.8 vs 17.3-17.5). GD_ATTN_MAX_FINE_CHUNKS=16 is the old rule.
+// 17.6-17.8 vs 17.3-17.5). GD_ATTN_MAX_FINE_CHUNKS=16 is the old rule; GD_ATTN_FINE_FLOOR=64
+// with 32 is t107's (1-tile chunks at L = 1024).
 #ifndef GD_ATTN_MAX_FINE_CHUNKS
 #define GD_ATTN_MAX_FINE_CHUNKS 32
 #endif
 inline constexpr int kMaxFineChunks = GD_ATTN_MAX_FINE_CHUNKS;
 inline constexpr int kFewFineChunks = 16;
-inline constexpr int kFineFloorTokens = 128;
+#ifndef GD_ATTN_FINE_FLOOR
+#define GD_ATTN_FINE_FLOOR 128
+#endif
+inline constexpr int kFineFloorTokens = GD_ATTN_FINE_FLOOR;
 static_assert(kFewFineChunks <= kMaxFineChunks);
 // 256: NOTES 81, B=1 L=4096 step 10.3 us vs 11.8 at 128 keys (model step 1407.2 vs 1418.0 us).
 #ifndef GD_ATTN_FINE_CHUNK_TOKENS
