@@ -63,7 +63,7 @@ void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;  // GRAPHDECODE_PDL=0: a plain launch (the wait is a no-op)
   GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim, kWide, kDense>, kp));
   GD_CHECK_LAUNCH();
 }
