@@ -51,21 +51,11 @@ int enable_smem() {
 // waits (griddepcontrol.wait) for that kernel's completion and memory before its first global
 // read or write, so the order of the stream is kept (bench/NOTES.md 13, 26). With p.early_kv
 // (run_planned(..., PriorWrites::kQueryAndNewKv)) it reads the work item and the older K/V tiles
-// before that wait (NOTES 49).
+// before that wait (NOTES 49). common/pdl.cuh's launch_pdl: GRAPHDECODE_PDL=0 launches it plainly.
 template <typename T, int kHeadDim, bool kWide, bool kDense = false>
 void launch(const KernelParams& kp, int grid, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = KernelTiles<kHeadDim, kWide, kDense>::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;  // GRAPHDECODE_PDL=0: a plain launch (the wait is a no-op)
-  GD_CUDA(cudaLaunchKernelEx(&cfg, attention_kernel<T, kHeadDim, kWide, kDense>, kp));
-  GD_CHECK_LAUNCH();
+  launch_pdl(attention_kernel<T, kHeadDim, kWide, kDense>, dim3(static_cast<unsigned>(grid)),
+             dim3(kThreads), KernelTiles<kHeadDim, kWide, kDense>::kSmemBytes, stream, kp);
 }
 
 // The one place that maps (dtype, head_dim) to a kernel instantiation; returns fn's result.
