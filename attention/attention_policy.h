@@ -78,8 +78,9 @@ inline constexpr int kMinSplitTokens = GD_ATTN_MIN_SPLIT;
 // ...and cuts a request into at most kMaxFineChunks chunks shorter than kFineChunkTokens keys,
 // each of at least kFineFloorTokens keys unless kFewFineChunks chunks would already be shorter:
 // past that, the extra CTAs and merge inputs cost more than the shorter chunks save. A B = 1 CTA
-// issues its first K/V tiles at ~12 GB/s (attention trace points 1 -> 6, NOTES 105), so more CTAs
-// stream a long span faster, while 1-tile chunks at L = 1024 (17 merge inputs) lost.
+// takes ~3 us to issue its first K/V tiles, one page lookup per copy iteration (attention trace
+// points 1 -> 6, NOTES 105, 106), so more CTAs stream a long span faster, while 1-tile chunks at
+// L = 1024 (17 merge inputs) lost.
 // 32 / 16 / 128: NOTES 105 (H200, t107: 32 chunks, 1B step B = 1 L = 4096 1071.7 -> 1047.2 us,
 // 8B 4879 -> 4847; at L = 1024 its 64-key chunks cost +7 us, which the 128-key floor keeps off);
 // before, 16 for all: NOTES 81 (8: B=1 L=2048 step 8.5 us vs 7.7), 93 (24: B=1 L=4096 call
