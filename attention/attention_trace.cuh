@@ -50,23 +50,22 @@ __device__ __forceinline__ void trace_tile(int it, int n_tiles) {
     }
   }
 }
-// The store of `dep` waits for it (in-order issue), so the globaltimer read after it comes later.
-__device__ __forceinline__ void trace_loaded(unsigned dep) {
-  trace_value(35, dep);
-  unsigned long long g;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g)::"memory");
-  trace_value(34, g);
-}
-// The store of `dep` waits for it (in-order issue), so the clock read after it comes later.
-__device__ __forceinline__ void trace_after(int k, int dep) {
-  trace_value(24 + k, static_cast<unsigned long long>(static_cast<unsigned>(dep)));
-  unsigned long long c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
-  trace_value(20 + k, c);
+// Stores `dep` into dep_field, then the time (globaltimer if kGlobal, else clock64) into
+// time_field: the store waits for `dep` (in-order issue), so the time is read after it is known.
+template <bool kGlobal>
+__device__ __forceinline__ void trace_time_after(int dep_field, unsigned dep, int time_field) {
+  trace_value(dep_field, dep);
+  unsigned long long t;
+  if constexpr (kGlobal)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  else
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  trace_value(time_field, t);
 }
 }  // namespace graphdecode::attn
 #define GD_TRACE_POINT(i) trace_point(i)
-#define GD_TRACE_AFTER(k, dep) trace_after(k, dep)
+#define GD_TRACE_AFTER(k, dep) \
+  trace_time_after<false>(24 + (k), static_cast<unsigned>(dep), 20 + (k))
 #define GD_TRACE_TILE(it, n) trace_tile(it, n)
 #define GD_TRACE_ITEM(w)                                                           \
   do {                                                                             \
@@ -78,7 +77,7 @@ __device__ __forceinline__ void trace_after(int k, int dep) {
     trace_value(11, 0);                                                            \
   } while (0)
 #define GD_TRACE_MERGED() trace_value(11, 1)
-#define GD_TRACE_LOADED(dep) trace_loaded(dep)
+#define GD_TRACE_LOADED(dep) trace_time_after<true>(35, dep, 34)
 #else
 #define GD_TRACE_POINT(i)
 #define GD_TRACE_AFTER(k, dep)

@@ -31,10 +31,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-// Host side. False when GRAPHDECODE_PDL=0 was in the environment at the first call: launch_pdl,
-// the attention and the warpgroup GEMM then launch plainly (A/B of the model step in bench_decode;
-// read once, so a process never mixes the two inside one captured graph). cuBLAS's kernels are
-// never programmatic dependents.
+// Host side. False when GRAPHDECODE_PDL=0 was in the environment at the first call: launch_pdl
+// (the attention's launch among them) and the warpgroup GEMM then launch plainly (A/B of the model
+// step in bench_decode; read once, so a process never mixes the two inside one captured graph).
+// cuBLAS's kernels are never programmatic dependents.
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("GRAPHDECODE_PDL");
