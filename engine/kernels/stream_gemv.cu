@@ -206,29 +206,44 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool x_row = g < p.rows;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   float sq = 0.f;  // epilogue: this thread's (row, column of 8) squares of the new residual
-  int i = 0;
+  // The ring stage s of the next item and its barrier phase, counted: dividing the item index by
+  // the runtime ring depth at every stage was a dependent chain on every warp's path.
+  int s = 0;
+  std::uint32_t phase = 0;
   for (int tile = tb; tile < te; ++tile) {
-    float acc0 = 0.f, acc1 = 0.f;  // D[x row g][W rows 2t, 2t + 1]
-    for (int c = 0; c < p.chunks; ++c, ++i) {
-      const int s = i % p.stages;
+    // D[x row g][W rows 2t, 2t + 1] in four independent partial sums (a step's two mmas, and
+    // even / odd steps), added in a fixed order after the tile: a single accumulator chained
+    // every mma of a stage (the consumers' main stall at B = 1 was that fixed-latency wait).
+    float acc[4][2] = {{0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}, {0.f, 0.f}};
+    for (int c = 0; c < p.chunks; ++c) {
       const int nch = min(p.chunk_k, p.k - c * p.chunk_k) / 8;  // 16-byte chunks of the stage rows
-      mbar_wait(&full[s], (i / p.stages) & 1);
+      mbar_wait(&full[s], phase);
       const unsigned char* wrow = ring + s * p.stage_bytes + g * p.stage_row_bytes;
       const unsigned char* xrow = xs + g * p.x_row_bytes + c * p.chunk_k * 2;
       // Steps of 4 chunks (one per t) over the stage's k, dealt round robin to the 8 warps. The
       // same chunk index feeds A and B: k permuted alike, so each fragment is one 16-byte chunk.
       // The mma is warp-wide: lanes past the stage's last chunk multiply zeros instead.
-      for (int step = cw; step * 4 < nch; step += kConsumerWarps) {
+      const auto product = [&](int step, float(&lo)[2], float(&hi)[2]) {
         const int ch = step * 4 + t;
         const bool in = ch < nch;
         const uint4 b = in ? *reinterpret_cast<const uint4*>(wrow + ch * 16) : zero;
         const uint4 a = in && x_row ? *reinterpret_cast<const uint4*>(xrow + ch * 16) : zero;
-        mma(acc0, acc1, a.x, a.y, b.x, b.y);
-        mma(acc0, acc1, a.z, a.w, b.z, b.w);
+        mma(lo[0], lo[1], a.x, a.y, b.x, b.y);
+        mma(hi[0], hi[1], a.z, a.w, b.z, b.w);
+      };
+      for (int step = cw; step * 4 < nch; step += 2 * kConsumerWarps) {
+        product(step, acc[0], acc[1]);
+        if ((step + kConsumerWarps) * 4 < nch) product(step + kConsumerWarps, acc[2], acc[3]);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with stage s
+      if (++s == p.stages) {
+        s = 0;
+        phase ^= 1u;
+      }
     }
+    const float acc0 = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+    const float acc1 = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
     // The tile's 8 warp partials, summed in a fixed order (bitwise reproducible). The partial
     // buffers alternate by tile, so one barrier per tile suffices (as skinny_gemm.cu).
     float* part = red + ((tile - tb) & 1) * kRedFloats;  // [warp][x row][W row]
