@@ -65,8 +65,9 @@ part() {
   local t0=$SECONDS
   timeout "$limit" "$@"
   local rc=$?
+  # To stderr: a part whose stdout is redirected (the table) must not get this line in its file.
   printf '%-12s rc %3d  %4d s  (limit %d s)\n' "$name" "$rc" $((SECONDS - t0)) "$limit" |
-    tee -a "$summary"
+    tee -a "$summary" >&2
   return $rc
 }
 left() { echo $((TOTAL_S - SECONDS)); }
