@@ -9,7 +9,8 @@
 //              previous kernel's counter (ld.acquire.gpu) until every CTA of it has arrived; each
 //              CTA arrives after its writes (__syncthreads, then red.release.gpu by thread 0)
 //   flag_after as flag, the trigger after the poll (at most two kernels of the chain resident)
-//   ll         PDL launch, the trigger at entry, no griddepcontrol.wait: each thread polls its input
+//   ll         PDL launch, the trigger at entry, no griddepcontrol.wait: each thread polls its
+//   input
 //              word itself, a 64-bit (tag, value) pair stored in one access (NCCL's LL protocol):
 //              no counter, no barrier, one L2 round trip from the store to the reader
 //   free       PDL launch, the trigger at entry, no dependency at all (launch throughput)
@@ -82,7 +83,8 @@ __global__ void __launch_bounds__(kThreads)
     chain_in_grid(int n, bool ll, unsigned long long* words, unsigned* counters) {
   const int g = static_cast<int>(gridDim.x);
   const size_t stride = static_cast<size_t>(g) * kThreads;
-  const int from = ((blockIdx.x + 1) % g) * kThreads + threadIdx.x, own = blockIdx.x * kThreads + threadIdx.x;
+  const int from = ((blockIdx.x + 1) % g) * kThreads + threadIdx.x,
+            own = blockIdx.x * kThreads + threadIdx.x;
   unsigned v = 0;
   for (int i = 0; i < n; ++i) {
     if (i > 0) {
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (ll) {
-      store_relaxed(words + i * stride + own, (static_cast<unsigned long long>(i + 1) << 32) | (v + 1u));
+      store_relaxed(words + i * stride + own,
+                    (static_cast<unsigned long long>(i + 1) << 32) | (v + 1u));
     } else {
       words[i * stride + own] = v + 1u;
       __syncthreads();
@@ -111,9 +114,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // in: [grid * kThreads] of the kernel before (nullptr for the first); out: this kernel's words.
-__global__ void __launch_bounds__(kThreads)
-    hop(int mode, bool reserve, const int* in, int* out, const unsigned* wait_on,
-        unsigned* arrive_on) {
+__global__ void __launch_bounds__(kThreads) hop(int mode, bool reserve, const int* in, int* out,
+                                                const unsigned* wait_on, unsigned* arrive_on) {
   extern __shared__ int reserved[];
   const int g = static_cast<int>(gridDim.x);
   if (mode == kPdlEarly || mode == kFlag || mode == kFree) graphdecode::pdl_launch_dependents();
@@ -144,7 +146,8 @@ int main(int argc, char** argv) {
   unsigned* counters;
   CK(cudaMalloc(&words, sizeof(int) * static_cast<size_t>(n) * max_grid * kThreads));
   unsigned long long* ll_words;
-  CK(cudaMalloc(&ll_words, sizeof(unsigned long long) * static_cast<size_t>(n) * max_grid * kThreads));
+  CK(cudaMalloc(&ll_words,
+                sizeof(unsigned long long) * static_cast<size_t>(n) * max_grid * kThreads));
   CK(cudaMalloc(&counters, sizeof(unsigned) * n));
   CK(cudaFuncSetAttribute(hop, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(hop_ll, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
@@ -164,8 +167,8 @@ int main(int argc, char** argv) {
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
         CK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * n, s));
         CK(cudaMemsetAsync(words, 0, sizeof(int) * static_cast<size_t>(n) * grid * kThreads, s));
-        CK(cudaMemsetAsync(ll_words, 0,
-                           sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads, s));
+        CK(cudaMemsetAsync(
+            ll_words, 0, sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads, s));
         for (int i = 0; i < n; ++i) {
           cudaLaunchConfig_t cfg{};
           cfg.gridDim = dim3(grid);
@@ -224,7 +227,8 @@ int main(int argc, char** argv) {
   std::printf("the same chain in one grid (%d phases), us per phase\n", n);
   for (const int grid : {sms, max_grid}) {
     for (const bool ll : {true, false}) {
-      const size_t words_bytes = sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads;
+      const size_t words_bytes =
+          sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads;
       std::vector<float> ms;
       for (int r = 0; r < 230; ++r) {
         CK(cudaMemsetAsync(ll_words, 0, words_bytes, s));
