@@ -26,16 +26,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "common/cuda_check.h"  // GD_CUDA: a failed call throws graphdecode::Error
 #include "common/pdl.cuh"
-
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 enum Mode { kPlain, kPdl, kPdlEarly, kFlag, kFlagAfter, kLl, kFree, kModes };
 const char* const kNames[] = {"plain", "pdl", "pdl_early", "flag", "flag_after", "ll", "free"};
@@ -137,25 +129,44 @@ __global__ void __launch_bounds__(kThreads) hop(int mode, bool reserve, const in
   if (reserve && threadIdx.x == 0) reserved[0] = v;  // keeps the reservation
 }
 
+// Median ms of `launch` (between two events on s) over 200 runs after 30 warm-up runs; `before`
+// runs ahead of each, outside the events.
+template <typename Before, typename Launch>
+float median_ms(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, Before&& before, Launch&& launch) {
+  std::vector<float> ms;
+  for (int r = 0; r < 230; ++r) {
+    before();
+    GD_CUDA(cudaEventRecord(e0, s));
+    launch();
+    GD_CUDA(cudaEventRecord(e1, s));
+    GD_CUDA(cudaEventSynchronize(e1));
+    float t = 0.f;
+    GD_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 30) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 64;  // kernels in the chain
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int max_grid = 2 * sms;
   int* words;
   unsigned* counters;
-  CK(cudaMalloc(&words, sizeof(int) * static_cast<size_t>(n) * max_grid * kThreads));
+  GD_CUDA(cudaMalloc(&words, sizeof(int) * static_cast<size_t>(n) * max_grid * kThreads));
   unsigned long long* ll_words;
-  CK(cudaMalloc(&ll_words,
-                sizeof(unsigned long long) * static_cast<size_t>(n) * max_grid * kThreads));
-  CK(cudaMalloc(&counters, sizeof(unsigned) * n));
-  CK(cudaFuncSetAttribute(hop, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-  CK(cudaFuncSetAttribute(hop_ll, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  GD_CUDA(cudaMalloc(&ll_words,
+                     sizeof(unsigned long long) * static_cast<size_t>(n) * max_grid * kThreads));
+  GD_CUDA(cudaMalloc(&counters, sizeof(unsigned) * n));
+  GD_CUDA(cudaFuncSetAttribute(hop, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  GD_CUDA(cudaFuncSetAttribute(hop_ll, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GD_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  GD_CUDA(cudaEventCreate(&e0));
+  GD_CUDA(cudaEventCreate(&e1));
   std::printf("chain of %d kernels of %d threads, us per hop (median of 200 replays), %d SMs\n", n,
               kThreads, sms);
   std::printf("%-11s %6s %8s %10s %6s\n", "mode", "grid", "smem KB", "us / hop", "check");
@@ -164,10 +175,11 @@ int main(int argc, char** argv) {
       for (int mode = 0; mode < kModes; ++mode) {
         const size_t smem = static_cast<size_t>(smem_kb) * 1024;
         cudaGraph_t graph;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        CK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * n, s));
-        CK(cudaMemsetAsync(words, 0, sizeof(int) * static_cast<size_t>(n) * grid * kThreads, s));
-        CK(cudaMemsetAsync(
+        GD_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        GD_CUDA(cudaMemsetAsync(counters, 0, sizeof(unsigned) * n, s));
+        GD_CUDA(
+            cudaMemsetAsync(words, 0, sizeof(int) * static_cast<size_t>(n) * grid * kThreads, s));
+        GD_CUDA(cudaMemsetAsync(
             ll_words, 0, sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads, s));
         for (int i = 0; i < n; ++i) {
           cudaLaunchConfig_t cfg{};
@@ -186,41 +198,32 @@ int main(int argc, char** argv) {
           if (mode == kLl) {
             const size_t stride = static_cast<size_t>(grid) * kThreads;
             const unsigned long long* lin = i == 0 ? nullptr : ll_words + (i - 1) * stride;
-            CK(cudaLaunchKernelEx(&cfg, hop_ll, i, lin, ll_words + i * stride));
+            GD_CUDA(cudaLaunchKernelEx(&cfg, hop_ll, i, lin, ll_words + i * stride));
           } else {
-            CK(cudaLaunchKernelEx(&cfg, hop, mode, smem > 0, in, out, wait_on, counters + i));
+            GD_CUDA(cudaLaunchKernelEx(&cfg, hop, mode, smem > 0, in, out, wait_on, counters + i));
           }
         }
-        CK(cudaStreamEndCapture(s, &graph));
+        GD_CUDA(cudaStreamEndCapture(s, &graph));
         cudaGraphExec_t exec;
-        CK(cudaGraphInstantiate(&exec, graph, 0));
-        std::vector<float> ms;
-        for (int r = 0; r < 230; ++r) {
-          CK(cudaEventRecord(e0, s));
-          CK(cudaGraphLaunch(exec, s));
-          CK(cudaEventRecord(e1, s));
-          CK(cudaEventSynchronize(e1));
-          float t = 0.f;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          if (r >= 30) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
+        GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        const float ms = median_ms(
+            s, e0, e1, [] {}, [&] { GD_CUDA(cudaGraphLaunch(exec, s)); });
         std::vector<int> last(static_cast<size_t>(grid) * kThreads);
         if (mode == kLl) {
           std::vector<unsigned long long> w(last.size());
-          CK(cudaMemcpy(w.data(), ll_words + static_cast<size_t>(n - 1) * grid * kThreads,
-                        sizeof(unsigned long long) * w.size(), cudaMemcpyDeviceToHost));
+          GD_CUDA(cudaMemcpy(w.data(), ll_words + static_cast<size_t>(n - 1) * grid * kThreads,
+                             sizeof(unsigned long long) * w.size(), cudaMemcpyDeviceToHost));
           for (size_t j = 0; j < w.size(); ++j) last[j] = static_cast<int>(w[j] & 0xffffffffu);
         } else {
-          CK(cudaMemcpy(last.data(), words + static_cast<size_t>(n - 1) * grid * kThreads,
-                        sizeof(int) * last.size(), cudaMemcpyDeviceToHost));
+          GD_CUDA(cudaMemcpy(last.data(), words + static_cast<size_t>(n - 1) * grid * kThreads,
+                             sizeof(int) * last.size(), cudaMemcpyDeviceToHost));
         }
         const int want = mode == kFree ? 1 : n;
         const bool ok = std::all_of(last.begin(), last.end(), [&](int v) { return v == want; });
-        std::printf("%-11s %6d %8d %10.3f %6s\n", kNames[mode], grid, smem_kb,
-                    1000.0 * ms[ms.size() / 2] / n, ok ? "ok" : "WRONG");
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
+        std::printf("%-11s %6d %8d %10.3f %6s\n", kNames[mode], grid, smem_kb, 1000.0 * ms / n,
+                    ok ? "ok" : "WRONG");
+        GD_CUDA(cudaGraphExecDestroy(exec));
+        GD_CUDA(cudaGraphDestroy(graph));
       }
     }
   }
@@ -229,22 +232,17 @@ int main(int argc, char** argv) {
     for (const bool ll : {true, false}) {
       const size_t words_bytes =
           sizeof(unsigned long long) * static_cast<size_t>(n) * grid * kThreads;
-      std::vector<float> ms;
-      for (int r = 0; r < 230; ++r) {
-        CK(cudaMemsetAsync(ll_words, 0, words_bytes, s));
-        CK(cudaMemsetAsync(counters, 0, sizeof(unsigned) * n, s));
-        CK(cudaEventRecord(e0, s));
-        chain_in_grid<<<grid, kThreads, 0, s>>>(n, ll, ll_words, counters);
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float t = 0.f;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        if (r >= 30) ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      std::printf("%-11s %6d %8d %10.3f\n", ll ? "grid_ll" : "grid_flag", grid, 0,
-                  1000.0 * ms[ms.size() / 2] / n);
+      const float ms = median_ms(
+          s, e0, e1,
+          [&] {
+            GD_CUDA(cudaMemsetAsync(ll_words, 0, words_bytes, s));
+            GD_CUDA(cudaMemsetAsync(counters, 0, sizeof(unsigned) * n, s));
+          },
+          [&] {
+            chain_in_grid<<<grid, kThreads, 0, s>>>(n, ll, ll_words, counters);
+            GD_CUDA(cudaGetLastError());
+          });
+      std::printf("%-11s %6d %8d %10.3f\n", ll ? "grid_ll" : "grid_flag", grid, 0, 1000.0 * ms / n);
     }
   }
   return 0;
