@@ -10,9 +10,8 @@
 //              CTA arrives after its writes (__syncthreads, then red.release.gpu by thread 0)
 //   flag_after as flag, the trigger after the poll (at most two kernels of the chain resident)
 //   ll         PDL launch, the trigger at entry, no griddepcontrol.wait: each thread polls its
-//   input
-//              word itself, a 64-bit (tag, value) pair stored in one access (NCCL's LL protocol):
-//              no counter, no barrier, one L2 round trip from the store to the reader
+//              input word itself, a 64-bit (tag, value) pair stored in one access (NCCL's LL
+//              protocol): no counter, no barrier, one L2 round trip from the store to the reader
 //   free       PDL launch, the trigger at entry, no dependency at all (launch throughput)
 // Then the same chain inside one kernel (a persistent grid, phase i of CTA b reading what phase
 // i - 1 of CTA b + 1 wrote): `ll` words, or a counter per phase (`flag`'s arrival and poll).
