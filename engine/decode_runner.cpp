@@ -5,6 +5,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/nvtx.h"
+#include "engine/kernels/model_kernels.h"
 #include "graphs/step_rules.h"
 
 namespace graphdecode {
@@ -122,8 +123,7 @@ void DecodeRunner::collect(const StepPlan& plan, StepResult& out) {
   const auto rows = static_cast<std::size_t>(program_->max_rows());
   const std::int32_t* published = published_[b].data();
   const std::int32_t bad = published[rows];
-  GD_REQUIRE(bad == 0, "bad_token_flag", bad,
-             "the embedding saw a token id outside the vocabulary (internal error)");
+  GD_REQUIRE(bad == 0, "bad_token_flag", bad, kModelErrorFlagBits);
   out.path = path_[b];
   GD_CUDA(cudaEventElapsedTime(&out.device_us, started_[b].get(), copied_[b].get()));
   out.device_us *= 1000.f;

@@ -129,6 +129,17 @@ void Gemm::run_fused(const GemmArgs& a, const StreamGemvFusion& fusion, cudaStre
   stream_gemv(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream, fusion);
 }
 
+bool Gemm::fuses_mlp(std::int32_t rows, std::int32_t hidden, std::int32_t inter) const noexcept {
+  return !plain_ && gemv_mode_ != GemvMode::kOff &&
+         stream_mlp_supported(skinny_dev_, rows, hidden, inter);
+}
+
+void Gemm::run_mlp(const StreamMlpArgs& a, cudaStream_t stream) const {
+  GD_REQUIRE(fuses_mlp(a.rows, a.hidden, a.inter), "rows", a.rows,
+             "the MLP block runs where the stream GEMV does, on shapes it takes (Gemm::fuses_mlp)");
+  stream_mlp(skinny_dev_, a, stream);
+}
+
 Gemm::~Gemm() {
   if (handle_ != nullptr) static_cast<void>(cublasDestroy(handle_));
 }

@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "engine/kernels/skinny_gemm.h"
 #include "engine/kernels/stream_gemv.h"
+#include "engine/kernels/stream_mlp.h"
 #include "engine/kernels/wgmma_gemm.h"
 
 namespace graphdecode::detail {
@@ -128,6 +129,12 @@ class Gemm {
   // with a bf16 output, so run_fused may be used; run_fused throws otherwise.
   bool fuses_norm(const GemmArgs& args) const noexcept;
   void run_fused(const GemmArgs& args, const StreamGemvFusion& fusion, cudaStream_t stream) const;
+  // A decode layer's MLP block in one grid (engine/kernels/stream_mlp.h): the post-attention norm,
+  // gate_up, SwiGLU and down with its residual epilogue. fuses_mlp: the stream GEMV is on (not
+  // the plain GEMM of racecheck runs, not GRAPHDECODE_GEMV=off) and the kernel takes the shape;
+  // run_mlp throws otherwise.
+  bool fuses_mlp(std::int32_t rows, std::int32_t hidden, std::int32_t inter) const noexcept;
+  void run_mlp(const StreamMlpArgs& args, cudaStream_t stream) const;
   // CTAs of the stream GEMV over `out` outputs: the parts of the squares its epilogue leaves.
   std::int32_t stream_gemv_parts(std::int32_t out) const {
     return stream_gemv_grid(skinny_dev_, out);

@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/error.h"
+#include "engine/kernels/model_kernels.h"
 #include "engine/model_step.h"
 #include "engine/runtime/step_context.h"
 #include "graphs/step_graphs.h"
@@ -140,7 +141,7 @@ GenerateResult generate_greedy(const HostWeights& weights,
   }
   std::int32_t bad = 0;
   GD_CUDA(cudaMemcpy(&bad, model.bad_token_flag(), sizeof(bad), cudaMemcpyDeviceToHost));
-  GD_REQUIRE(bad == 0, "bad_token_flag", bad, "the embedding saw an out-of-range token id");
+  GD_REQUIRE(bad == 0, "bad_token_flag", bad, kModelErrorFlagBits);
   return result;
 }
 

@@ -107,6 +107,10 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_SWIGLU"))
     fuse_swiglu_ = std::strcmp(fuse, "0") != 0;
+  if (const char* fuse = std::getenv("GRAPHDECODE_STREAM_MLP"))
+    stream_mlp_ = std::strcmp(fuse, "0") != 0;
+  mlp_sync_ = DeviceBuffer<std::uint32_t>(3);
+  mlp_sync_.fill_bytes(0, stream);
   // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows only (above);
   // GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
   if (config_.hidden_size > kWgmmaNarrowHidden && !gemm_.wgmma_forced())
@@ -206,8 +210,27 @@ bool LlamaModel::fuses_input_norm(std::int32_t rows) const {
   return true;
 }
 
+// The MLP block in one grid up to this many rows: measured ahead at B = 1-2 and behind at 4-8
+// (H200, bench_decode 1B, one call, two rounds: B = 1 L = 1024 999.9 -> 990.3 us, L = 4096
+// 1043.7 -> 1022.0; B = 2 -0.3 / -1.5%; B = 4 +2%, B = 8 +8%; bench/NOTES.md 114).
+constexpr std::int32_t kStreamMlpMaxRows = 2;
+
+bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
+  if (!stream_mlp_ || rows > kStreamMlpMaxRows || !fuses_input_norm(rows)) return false;
+  const std::int32_t h = config_.hidden_size;
+  if (!gemm_.fuses_mlp(rows, h, config_.intermediate_size)) return false;
+  for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = weights_.layer(l);
+    if (w.o_bias != nullptr || !gemm_.fuses_norm({attn_.data(), w.o, proj_.data(), rows,
+                                                  config_.q_size(), h, GemmOut::kBF16}))
+      return false;
+  }
+  return true;
+}
+
 void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
-                                 std::int32_t rows, bool norm_in, cudaStream_t stream) {
+                                 std::int32_t rows, bool norm_in, bool o_adds,
+                                 cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
@@ -249,7 +272,15 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
   // and the older K/V while it runs.
   a.attention->run_planned(a.batch, a.kv, q_.data(), attn_.data(), nullptr, stream,
                            PriorWrites::kQueryAndNewKv);
-  gemm_.run({attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}, stream);
+  const GemmArgs o{attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16};
+  if (o_adds) {  // residual_ += o, and its squares for the MLP block's norm
+    StreamGemvFusion f;
+    f.residual = residual_.data();
+    f.sum_sq_out = sum_sq_.data();
+    gemm_.run_fused(o, f, stream);
+    return;
+  }
+  gemm_.run(o, stream);
   if (w.o_bias != nullptr) {
     AddBiasArgs b;
     b.y = proj_.data();
@@ -262,10 +293,33 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
 }
 
 void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
-                           bool add_residual, cudaStream_t stream) {
+                           bool add_residual, bool one_grid, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
+  if (one_grid) {  // norm, gate_up, SwiGLU and down in one kernel; residual_ holds the o added
+    StreamMlpArgs a;
+    a.x = residual_.data();
+    a.norm_weight = w.post_norm;
+    a.sum_sq_in = sum_sq_.data();
+    a.parts = gemm_.stream_gemv_parts(h);
+    a.eps = static_cast<float>(config_.rms_norm_eps);
+    a.w_gate_up = w.gate_up;
+    a.w_down = w.down;
+    a.act = act_.data();
+    a.y = proj_.data();
+    if (add_residual) {
+      a.residual = residual_.data();
+      a.sum_sq_out = sum_sq_.data();
+    }
+    a.sync = mlp_sync_.data();
+    a.error_flag = bad_token_.data();
+    a.rows = rows;
+    a.hidden = h;
+    a.inter = inter;
+    gemm_.run_mlp(a, stream);
+    return;
+  }
   // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
   // normed = norm(residual)
   add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
@@ -316,6 +370,7 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
 
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
+  const bool one_grid_mlp = fuse && fuses_mlp_block(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
@@ -328,9 +383,9 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {
-      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, stream);
+      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp, stream);
     }
-    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, stream);
+    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, one_grid_mlp, stream);
   }
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.

@@ -127,19 +127,26 @@ class LlamaModel {
   const float* logits() const noexcept { return logits_.data(); }
   std::int32_t vocab() const noexcept { return config_.vocab_size; }
   std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
-  // [1] sticky device flag: bit kEmbeddingBadTokenBit set when a token id was out of range.
+  // [1] sticky device flag: bit kEmbeddingBadTokenBit set when a token id was out of range,
+  // kStreamMlpStallBit when an MLP block's grid barrier timed out (both internal errors).
   std::int32_t* bad_token_flag() const noexcept { return bad_token_.data(); }
   const ModelConfig& config() const noexcept { return config_; }
   // True when a step of `rows` rows folds each layer's input RMSNorm (layers 1..) into the GEMVs
   // around it (StreamGemvFusion, engine/kernels/stream_gemv.h): every down and qkv projection takes
   // the stream GEMV, the model has no cross layers, and GRAPHDECODE_FUSE_NORM is not 0.
   bool fuses_input_norm(std::int32_t rows) const;
+  // True when a step of `rows` rows also runs each MLP block in one grid (Gemm::fuses_mlp,
+  // engine/kernels/stream_mlp.h; the o projection then adds its output to the residual and leaves
+  // the squares the block's norm reads): fuses_input_norm, every o projection takes the stream
+  // GEMV without a bias, rows <= 2 (where it was measured ahead), GRAPHDECODE_STREAM_MLP not 0.
+  bool fuses_mlp_block(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
   // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
+  // o_adds: the o projection adds its output to residual_ and leaves sum_sq_ (fuses_mlp_block).
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
-                       std::int32_t rows, bool norm_in, cudaStream_t stream);
+                       std::int32_t rows, bool norm_in, bool o_adds, cudaStream_t stream);
   // Cross layers (engine/llama_cross.cu): q projection, per-head q norm, attention over the
   // encoder keys, o projection into proj_.
   void cross_attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
@@ -150,9 +157,10 @@ class LlamaModel {
   void add_norm(const StepMetaView& meta, const std::uint16_t* gate, const std::uint16_t* w,
                 std::int32_t rows, bool mlp, cudaStream_t stream);
   // add_residual: the down projection adds its output to residual_ and leaves sum_sq_ for the
-  // next layer's qkv GEMV (fuses_input_norm).
+  // next layer's qkv GEMV (fuses_input_norm). one_grid: the block in one kernel
+  // (fuses_mlp_block; the o projection added its output to residual_ already).
   void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows, bool add_residual,
-                 cudaStream_t stream);
+                 bool one_grid, cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
             std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,
             std::int32_t hidden, cudaStream_t stream) const;
@@ -183,9 +191,12 @@ class LlamaModel {
   DeviceBuffer<std::uint16_t> gate_up_;   // [2 inter]
   DeviceBuffer<std::uint16_t> act_;       // [inter]
   // [stream_gemv_parts(hidden)][kSkinnyMaxRows] float: the down projection's per-CTA sums of
-  // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm).
+  // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm); with
+  // fuses_mlp_block also the o projection's, read by the MLP block's norm.
   DeviceBuffer<float> sum_sq_;
-  bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
+  DeviceBuffer<std::uint32_t> mlp_sync_;  // [3] the MLP block's grid barrier (zeroed once)
+  bool stream_mlp_ = true;  // GRAPHDECODE_STREAM_MLP=0 when the model was made: off (A/B runs)
+  bool fuse_norm_ = true;   // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
   // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).
   bool fuse_swiglu_ = true;

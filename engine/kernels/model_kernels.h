@@ -92,6 +92,11 @@ struct EmbeddingArgs {
   std::int32_t hidden = 0;
 };
 constexpr std::int32_t kEmbeddingBadTokenBit = 1;
+// What a set bit of a model's error flag means (the host's error message when it reads one).
+// Bit 2 is engine/kernels/stream_mlp.h's kStreamMlpStallBit.
+constexpr const char* kModelErrorFlagBits =
+    "bit 1: a token id outside the vocabulary reached the embedding; bit 2: an MLP block's grid "
+    "barrier timed out (both internal errors)";
 void embedding(const EmbeddingArgs& args, cudaStream_t stream);
 
 // ---- bias add -----------------------------------------------------------------------------------

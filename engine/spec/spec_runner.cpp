@@ -8,6 +8,7 @@
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/nvtx.h"
+#include "engine/kernels/model_kernels.h"
 #include "engine/spec/eagle_proposer.h"
 
 namespace graphdecode {
@@ -153,8 +154,7 @@ void SpecRunner::run(const StepPlan& plan, const Scheduler& scheduler, StepResul
   copied_.record(stream_);
   copied_.synchronize();  // the step's one wait: the host needs the tokens (stop, callbacks)
   const std::int32_t bad = published_.data()[words - 1];
-  GD_REQUIRE(bad == 0, "bad_token_flag", bad,
-             "a model saw a token id outside the vocabulary (internal error)");
+  GD_REQUIRE(bad == 0, "bad_token_flag", bad, kModelErrorFlagBits);
 
   out.drafts = k;
   out.phase_us = {};

@@ -1,0 +1,315 @@
+// A decode layer's MLP block in one grid (rows <= 8). See stream_mlp.h.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "common/align.h"
+#include "common/cuda_check.h"
+#include "common/error.h"
+#include "common/pdl.cuh"
+#include "engine/kernels/stream_gemv.h"
+#include "engine/kernels/stream_mlp.h"
+#include "engine/kernels/stream_ring.cuh"
+
+namespace graphdecode {
+namespace {
+
+using detail::float_to_bf16_bits;
+using detail::mbar_init;
+using detail::round_bf16;
+using detail::swiglu_value;
+using namespace detail::ring;
+
+// k per stage and W row: the widest that leaves kMinStages stages beside x. Any multiple of 512
+// gives the stream GEMV's bits (stream_ring.cuh tile_products); 2048 halves the stages a byte
+// against the stream GEMV's 1024 (bench_gemm: gate_up 22.35 -> 19.39 us alone, lm_head 153 ->
+// 131: per-stage costs), and in one grid there is no first stage to wait for per GEMM.
+constexpr int kChunkKs[] = {2048, 1024};
+constexpr int kMinStages = 4;
+
+struct Params {
+  const std::uint16_t* x;  // [rows][hidden]
+  const std::uint16_t* norm_w;
+  const float* sum_sq_in;  // [parts][rows]
+  std::int32_t parts;
+  float eps;
+  const std::uint16_t* w_gate_up;  // [2 inter][hidden]
+  const std::uint16_t* w_down;     // [hidden][inter]
+  std::uint16_t* act;              // [rows][inter]
+  std::uint16_t* y;                // [rows][hidden]
+  std::uint16_t* residual;         // [rows][hidden] or nullptr
+  float* sum_sq_out;               // [gridDim.x][rows]
+  std::uint32_t* sync;             // [3] count, generation, timeouts
+  std::int32_t* error_flag;
+  std::uint64_t* trace;  // [gridDim.x][kStreamMlpStamps] or nullptr
+  std::int32_t rows, hidden, inter;
+  std::int32_t act_tiles;    // ceil(inter / 8): gate/up tile pairs
+  std::int32_t out_tiles;    // ceil(hidden / 8): down tiles
+  std::int32_t gu_chunks;    // stages per gate or up tile (k = hidden)
+  std::int32_t down_chunks;  // stages per down tile (k = inter)
+  RingShape ring;
+  std::int32_t x_row_bytes;  // 2 max(hidden, inter) + kRowPad: x, then act, in one region
+};
+
+__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ std::uint64_t global_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every CTA's act is written (the grid barrier of stream_mlp.h), by one thread of each CTA after
+// the CTA's own writes: sync[0] counts arrivals, the last one resets it and bumps the generation
+// sync[1] the others wait on (read before arriving: it cannot move until this CTA arrives).
+__device__ void grid_barrier(std::uint32_t* sync, std::int32_t* error_flag) {
+  const std::uint32_t gen = load_acquire(sync + 1);
+  __threadfence();  // this CTA's act stores (ordered before by the consumers' barrier)
+  if (atomicAdd(sync, 1u) == gridDim.x - 1) {
+    atomicExch(sync, 0u);
+    __threadfence();
+    store_release(sync + 1, gen + 1);
+    return;
+  }
+  const std::uint64_t start = global_ns();
+  for (std::uint32_t polls = 1; load_acquire(sync + 1) == gen; ++polls) {
+    if ((polls & 1023u) == 0 && global_ns() - start > kStreamMlpBarrierTimeoutNs) {
+      atomicAdd(sync + 2, 1u);
+      if (error_flag != nullptr) atomicOr(error_flag, kStreamMlpStallBit);
+      return;
+    }
+  }
+}
+
+// The trace's points (StreamMlpArgs::trace): the producer's entry, last gate/up copy issued and
+// last copy issued; the consumers' (thread ct 0) wait done, x staged, first tile summed, act tiles
+// done, barrier passed, act staged, end.
+enum Stamp { kEntry, kGateUpIssued, kAllIssued, kWaited, kXStaged, kFirstTile, kActDone,
+             kBarrierPassed, kActStaged, kEnd };
+__device__ __forceinline__ void stamp(const Params& p, Stamp at) {
+  if (p.trace != nullptr) p.trace[blockIdx.x * kStreamMlpStamps + at] = global_ns();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
+  std::uint64_t* empty = full + kMaxStages;
+  float* red = reinterpret_cast<float*>(smem + kBarrierBytes);
+  unsigned char* xs = smem + kFixedBytes;
+  unsigned char* ring = xs + p.rows * p.x_row_bytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const auto split = [](int tiles, unsigned b) {
+    return static_cast<int>(static_cast<std::int64_t>(b) * tiles / gridDim.x);
+  };
+  // This CTA's act tiles [ab, ae) (a gate and an up tile each) and down tiles [db, de): the down
+  // tiles are the stream GEMV's over the same grid, so the squares' parts match its.
+  const int ab = split(p.act_tiles, blockIdx.x), ae = split(p.act_tiles, blockIdx.x + 1);
+  const int db = split(p.out_tiles, blockIdx.x), de = split(p.out_tiles, blockIdx.x + 1);
+  const int gu_items = (ae - ab) * 2 * p.gu_chunks;
+  const int items = gu_items + (de - db) * p.down_chunks;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.ring.stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == 0) {  // producer: the gate and up tiles of each act tile, then the down tiles
+    if (lane == 0) stamp(p, kEntry);
+    for (int i = 0; i < items; ++i) {
+      if (i == p.ring.stages) {  // the first fill before the wait, as the stream GEMV
+        pdl_wait_for_prior_grid();
+        pdl_launch_dependents();
+      }
+      if (i < gu_items) {
+        const int pair = i / (2 * p.gu_chunks), rem = i - pair * 2 * p.gu_chunks;
+        const int up = rem / p.gu_chunks, c = rem - up * p.gu_chunks;
+        const int col0 = (ab + pair) * kTileRows;
+        produce_item(p.ring, ring, full, empty, i, p.w_gate_up, p.hidden, up * p.inter + col0,
+                     min(kTileRows, p.inter - col0), c * p.ring.chunk_k,
+                     min(p.ring.chunk_k, p.hidden - c * p.ring.chunk_k), lane);
+        if (lane == 0 && i + 1 == gu_items) stamp(p, kGateUpIssued);
+      } else {
+        const int j = i - gu_items, tile = db + j / p.down_chunks, c = j % p.down_chunks;
+        produce_item(p.ring, ring, full, empty, i, p.w_down, p.inter, tile * kTileRows,
+                     min(kTileRows, p.hidden - tile * kTileRows), c * p.ring.chunk_k,
+                     min(p.ring.chunk_k, p.inter - c * p.ring.chunk_k), lane);
+      }
+    }
+    if (lane == 0) stamp(p, kAllIssued);
+    if (items <= p.ring.stages) {
+      pdl_wait_for_prior_grid();
+      pdl_launch_dependents();
+    }
+    return;
+  }
+
+  const int cw = warp - 1, ct = threadIdx.x - 32;
+  for (int ch = ct; ch < p.hidden / 8; ch += kConsumerThreads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.norm_w + ch * 8));
+  pdl_wait_for_prior_grid();
+  pdl_launch_dependents();
+  if (ct == 0) stamp(p, kWaited);
+  stage_x(xs, p.x_row_bytes, p.x, p.rows, p.hidden, p.norm_w, p.sum_sq_in, p.parts, p.eps, red,
+          cw, lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
+  if (ct == 0) stamp(p, kXStaged);
+
+  const bool x_row = (lane >> 2) < p.rows;
+  const int m = ct / kTileRows, tc = ct % kTileRows;  // the cell a tile's sum leaves in ct < 64
+  const bool cell_row = ct < kTileCells && m < p.rows;
+  RingCursor cur;
+  int tiles_done = 0;  // picks the partials buffer of tile_sum
+  for (int a = ab; a < ae; ++a) {
+    float acc0, acc1;
+    tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
+                  lane, x_row, acc0, acc1);
+    const float gate = round_bf16(tile_sum(red, tiles_done++ & 1, cw, lane, ct, acc0, acc1));
+    tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
+                  lane, x_row, acc0, acc1);
+    const float up = round_bf16(tile_sum(red, tiles_done++ & 1, cw, lane, ct, acc0, acc1));
+    if (ct == 0 && a == ab) stamp(p, kFirstTile);
+    const int col = a * kTileRows + tc;
+    if (cell_row && col < p.inter)
+      p.act[static_cast<std::size_t>(m) * p.inter + col] =
+          float_to_bf16_bits(swiglu_value(gate, up));
+  }
+  // Every consumer is done with x and this CTA's act is stored; then the grid's act is.
+  consumers_sync();
+  if (ct == 0) {
+    stamp(p, kActDone);
+    grid_barrier(p.sync, p.error_flag);
+    stamp(p, kBarrierPassed);
+  }
+  consumers_sync();
+  // act from L2 (__ldcg): other SMs wrote it during this grid, so no line of it may come from L1.
+  stage_x(xs, p.x_row_bytes, p.act, p.rows, p.inter, nullptr, nullptr, 0, 0.f, red, cw, lane, ct,
+          [](const std::uint16_t* at) { return __ldcg(reinterpret_cast<const uint4*>(at)); });
+  if (ct == 0) stamp(p, kActStaged);
+
+  float sq = 0.f;
+  for (int tile = db; tile < de; ++tile) {
+    float acc0, acc1;
+    tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.inter, p.down_chunks, cw,
+                  lane, x_row, acc0, acc1);
+    const float sum = tile_sum(red, tiles_done++ & 1, cw, lane, ct, acc0, acc1);
+    const int col = tile * kTileRows + tc;
+    if (cell_row && col < p.hidden) {
+      const std::size_t at = static_cast<std::size_t>(m) * p.hidden + col;
+      const std::uint16_t yb = float_to_bf16_bits(sum);
+      p.y[at] = yb;
+      if (p.residual != nullptr) sq += add_residual(p.residual, at, yb);
+    }
+  }
+  if (p.residual != nullptr) store_squares(sq, p.sum_sq_out, p.rows, ct);
+  if (ct == 0) stamp(p, kEnd);
+}
+
+std::int64_t x_region_bytes(std::int32_t rows, std::int32_t hidden, std::int32_t inter) {
+  return static_cast<std::int64_t>(rows) * (2LL * std::max(hidden, inter) + kRowPad);
+}
+
+std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t hidden,
+                         std::int32_t inter, std::int32_t chunk_k) {
+  const std::int64_t left = dev.max_smem - kFixedBytes - x_region_bytes(rows, hidden, inter);
+  return static_cast<std::int32_t>(
+      std::clamp<std::int64_t>(left / (kTileRows * (2LL * chunk_k + kRowPad)), 0, kMaxStages));
+}
+
+// The widest chunk that leaves kMinStages stages, else 0.
+std::int32_t chunk_k_for(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t hidden,
+                         std::int32_t inter) {
+  for (const int c : kChunkKs)
+    if (ring_stages(dev, rows, hidden, inter, c) >= kMinStages) return c;
+  return 0;
+}
+
+}  // namespace
+
+bool stream_mlp_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t hidden,
+                          std::int32_t inter) {
+  return rows >= 1 && rows <= kSkinnyMaxRows && hidden > 0 && hidden % 8 == 0 && inter > 0 &&
+         inter % 8 == 0 && chunk_k_for(dev, rows, hidden, inter) > 0;
+}
+
+std::int32_t stream_mlp_grid(const SkinnyGemmDevice& dev, std::int32_t hidden) {
+  return stream_gemv_grid(dev, hidden);
+}
+
+void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_t stream) {
+  GD_REQUIRE(a.rows >= 1 && a.rows <= kSkinnyMaxRows, "rows", a.rows,
+             "the MLP block takes 1.." + std::to_string(kSkinnyMaxRows) + " rows");
+  GD_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", a.hidden,
+             "must be a positive multiple of 8");
+  GD_REQUIRE(a.inter > 0 && a.inter % 8 == 0, "inter", a.inter, "must be a positive multiple of 8");
+  GD_REQUIRE(stream_mlp_supported(dev, a.rows, a.hidden, a.inter), "rows", a.rows,
+             "x of " + std::to_string(std::max(a.hidden, a.inter)) +
+                 " and four stages do not fit in shared memory");
+  const std::pair<const void*, const char*> aligned[] = {
+      {a.x, "x"},           {a.norm_weight, "norm_weight"}, {a.w_gate_up, "w_gate_up"},
+      {a.w_down, "w_down"}, {a.act, "act"},                 {a.y, "y"}};
+  for (const auto& [ptr, name] : aligned) {
+    GD_REQUIRE(ptr != nullptr, name, "nullptr", "is required");
+    GD_REQUIRE(aligned16(ptr), name, ptr, "must be 16-byte aligned");
+  }
+  GD_REQUIRE(a.sum_sq_in != nullptr, "sum_sq_in", "nullptr", "the norm reads x's squares there");
+  GD_REQUIRE(a.parts >= 1 && a.parts <= dev.sm_count, "parts", a.parts,
+             "must be the grid of the GEMV that left the squares (1.." +
+                 std::to_string(dev.sm_count) + ")");
+  GD_REQUIRE(a.eps > 0.f, "eps", a.eps, "must be positive");
+  GD_REQUIRE((a.residual == nullptr) == (a.sum_sq_out == nullptr), "sum_sq_out",
+             a.sum_sq_out == nullptr ? "nullptr" : "set",
+             "the residual epilogue needs both residual and sum_sq_out, or neither");
+  GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid barrier's three zeroed words");
+  static const bool opted_in = [&] {
+    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 dev.max_smem));
+    return true;
+  }();
+  static_cast<void>(opted_in);
+  Params p{};
+  p.x = a.x;
+  p.norm_w = a.norm_weight;
+  p.sum_sq_in = a.sum_sq_in;
+  p.parts = a.parts;
+  p.eps = a.eps;
+  p.w_gate_up = a.w_gate_up;
+  p.w_down = a.w_down;
+  p.act = a.act;
+  p.y = a.y;
+  p.residual = a.residual;
+  p.sum_sq_out = a.sum_sq_out;
+  p.sync = a.sync;
+  p.error_flag = a.error_flag;
+  p.trace = a.trace;
+  p.rows = a.rows;
+  p.hidden = a.hidden;
+  p.inter = a.inter;
+  p.act_tiles = (a.inter + kTileRows - 1) / kTileRows;
+  p.out_tiles = (a.hidden + kTileRows - 1) / kTileRows;
+  p.ring.chunk_k = chunk_k_for(dev, a.rows, a.hidden, a.inter);
+  p.ring.stage_row_bytes = 2 * p.ring.chunk_k + kRowPad;
+  p.ring.stage_bytes = kTileRows * p.ring.stage_row_bytes;
+  p.ring.stages = ring_stages(dev, a.rows, a.hidden, a.inter, p.ring.chunk_k);
+  p.gu_chunks = (a.hidden + p.ring.chunk_k - 1) / p.ring.chunk_k;
+  p.down_chunks = (a.inter + p.ring.chunk_k - 1) / p.ring.chunk_k;
+  p.x_row_bytes = static_cast<std::int32_t>(x_region_bytes(1, a.hidden, a.inter));
+  const std::size_t smem = static_cast<std::size_t>(kFixedBytes + x_region_bytes(a.rows, a.hidden,
+                                                                                a.inter)) +
+                           static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
+  launch_pdl(stream_mlp_kernel, dim3(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden))),
+             dim3(kThreads), smem, stream, p);
+}
+
+}  // namespace graphdecode

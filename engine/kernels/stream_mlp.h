@@ -1,0 +1,74 @@
+// A decode layer's MLP block in one grid at rows <= 8 (LlamaModel takes it where the stream GEMVs
+// run; GRAPHDECODE_STREAM_MLP=0 keeps the four kernels):
+//   normed = rmsnorm(x)                                  (from the o projection's squares)
+//   act    = swiglu(normed W_gate^T, normed W_up^T)      (each rounded to bf16, as the kernels)
+//   y      = act W_down^T;  residual += y, and its squares for the next layer's qkv GEMV
+// The same bits as the stream GEMV with its norm prologue into gate_up, the swiglu kernel, and
+// the stream GEMV with its residual epilogue (stream_gemv.h): it runs their tile code
+// (stream_ring.cuh) on the same tiles, CTA by CTA.
+//
+// Why one grid: at B = 1 the four kernels add ~34 us a layer on the 1B shape for ~21 us of weight
+// bytes; each stream GEMV's CTAs become resident only as the kernel before exits (each takes an
+// SM's shared memory), so the DRAM idles through every hand-off. Here each CTA's producer warp
+// streams its gate/up tiles and then its down tiles through one ring without a pause: the down
+// weights fill the ring while the gate_up tiles finish and the grid waits for every CTA's act.
+//
+// The hand-off between the halves is a grid barrier in global memory (`sync`, three words zeroed
+// once, self-resetting, so a replayed graph needs no reset): every CTA must be resident at once,
+// which one CTA an SM and grid <= SMs give when nothing else holds the SMs. A barrier that does
+// not complete within kStreamMlpBarrierTimeoutNs sets kStreamMlpStallBit in *error_flag and goes
+// on (the outputs are then wrong; the host reads the flag after the step), never a hang.
+// Graph-safe: fixed grid, no allocation, no host sync.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/kernels/skinny_gemm.h"  // SkinnyGemmDevice
+
+namespace graphdecode {
+
+constexpr std::int32_t kStreamMlpStallBit = 2;  // *error_flag bit (beside the embedding's 1)
+constexpr std::uint64_t kStreamMlpBarrierTimeoutNs = 20'000'000'000;  // 20 s: sanitizer runs too
+
+constexpr int kStreamMlpStamps = 10;
+
+struct StreamMlpArgs {
+  const std::uint16_t* x = nullptr;            // [rows][hidden] the residual stream, 16B aligned
+  const std::uint16_t* norm_weight = nullptr;  // [hidden] the post-attention RMSNorm's weight
+  const float* sum_sq_in = nullptr;            // [parts][rows] squares of x (a residual epilogue)
+  std::int32_t parts = 0;
+  float eps = 1e-5f;
+  const std::uint16_t* w_gate_up = nullptr;  // [2 inter][hidden]: gate rows, then up rows
+  const std::uint16_t* w_down = nullptr;     // [hidden][inter]
+  std::uint16_t* act = nullptr;              // [rows][inter] scratch: the SwiGLU's output
+  std::uint16_t* y = nullptr;                // [rows][hidden] the down projection, bf16
+  // Optional (both or neither): residual += y (bf16, as the rmsnorm kernel's add) and each CTA's
+  // sum of squares of the new residual over its columns, sum_sq_out[cta][row].
+  std::uint16_t* residual = nullptr;  // [rows][hidden]; may alias x
+  float* sum_sq_out = nullptr;        // [stream_mlp_grid(dev, hidden)][rows]
+  std::uint32_t* sync = nullptr;      // [3] the grid barrier's words, zeroed before first use
+  std::int32_t* error_flag = nullptr;  // [1] kStreamMlpStallBit on a barrier timeout
+  // Diagnosis (bench/probes/stream_mlp_trace.cu): each CTA's %globaltimer at kStreamMlpStamps
+  // points of its run (stream_mlp.cu names them), or nullptr.
+  std::uint64_t* trace = nullptr;  // [grid][kStreamMlpStamps]
+  std::int32_t rows = 0;
+  std::int32_t hidden = 0;
+  std::int32_t inter = 0;
+};
+
+// True when stream_mlp takes (rows, hidden, inter) on `dev`: 1 <= rows <= 8, hidden and inter
+// multiples of 8, x of the wider of the two plus kMinStages stages in shared memory.
+bool stream_mlp_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t hidden,
+                          std::int32_t inter);
+
+// CTAs of a launch: stream_gemv_grid(dev, hidden), so the squares it leaves have the parts the
+// stream GEMV's would (the next qkv GEMV's prologue reads either).
+std::int32_t stream_mlp_grid(const SkinnyGemmDevice& dev, std::int32_t hidden);
+
+// Validates `args` (graphdecode::Error names the field) and launches on `stream` as a
+// programmatic dependent (weights stream before the wait for the kernel before).
+void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& args, cudaStream_t stream);
+
+}  // namespace graphdecode
