@@ -107,9 +107,12 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_SWIGLU"))
     fuse_swiglu_ = std::strcmp(fuse, "0") != 0;
-  if (const char* fuse = std::getenv("GRAPHDECODE_STREAM_MLP"))
-    stream_mlp_ = std::strcmp(fuse, "0") != 0;
-  mlp_sync_ = DeviceBuffer<std::uint32_t>(3);
+  if (const char* mlp = std::getenv("GRAPHDECODE_STREAM_MLP")) {
+    stream_mlp_ = std::strcmp(mlp, "1") == 0 || std::strcmp(mlp, "all") == 0;
+    if (std::strcmp(mlp, "all") == 0) stream_mlp_max_rows_ = kSkinnyMaxRows;
+  }
+  mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *
+                                          kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
   // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows only (above);
   // GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
@@ -210,13 +213,8 @@ bool LlamaModel::fuses_input_norm(std::int32_t rows) const {
   return true;
 }
 
-// The MLP block in one grid up to this many rows: measured ahead at B = 1-2 and behind at 4-8
-// (H200, bench_decode 1B, one call, two rounds: B = 1 L = 1024 999.9 -> 990.3 us, L = 4096
-// 1043.7 -> 1022.0; B = 2 -0.3 / -1.5%; B = 4 +2%, B = 8 +8%; bench/NOTES.md 114).
-constexpr std::int32_t kStreamMlpMaxRows = 2;
-
 bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
-  if (!stream_mlp_ || rows > kStreamMlpMaxRows || !fuses_input_norm(rows)) return false;
+  if (!stream_mlp_ || rows > stream_mlp_max_rows_ || !fuses_input_norm(rows)) return false;
   const std::int32_t h = config_.hidden_size;
   if (!gemm_.fuses_mlp(rows, h, config_.intermediate_size)) return false;
   for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -312,7 +310,7 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
       a.residual = residual_.data();
       a.sum_sq_out = sum_sq_.data();
     }
-    a.sync = mlp_sync_.data();
+    a.sync = mlp_sync_.data() + static_cast<std::size_t>(l) * kStreamMlpSyncWords;
     a.error_flag = bad_token_.data();
     a.rows = rows;
     a.hidden = h;

@@ -138,7 +138,8 @@ class LlamaModel {
   // True when a step of `rows` rows also runs each MLP block in one grid (Gemm::fuses_mlp,
   // engine/kernels/stream_mlp.h; the o projection then adds its output to the residual and leaves
   // the squares the block's norm reads): fuses_input_norm, every o projection takes the stream
-  // GEMV without a bias, rows <= 2 (where it was measured ahead), GRAPHDECODE_STREAM_MLP not 0.
+  // GEMV without a bias, and GRAPHDECODE_STREAM_MLP asked for it (1: rows <= 2, where it was
+  // measured ahead; all: up to 8).
   bool fuses_mlp_block(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
 
@@ -194,9 +195,17 @@ class LlamaModel {
   // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm); with
   // fuses_mlp_block also the o projection's, read by the MLP block's norm.
   DeviceBuffer<float> sum_sq_;
-  DeviceBuffer<std::uint32_t> mlp_sync_;  // [3] the MLP block's grid barrier (zeroed once)
-  bool stream_mlp_ = true;  // GRAPHDECODE_STREAM_MLP=0 when the model was made: off (A/B runs)
-  bool fuse_norm_ = true;   // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
+  // [layers][kStreamMlpSyncWords] each layer's MLP block's grid words (zeroed once)
+  DeviceBuffer<std::uint32_t> mlp_sync_;
+  // GRAPHDECODE_STREAM_MLP when the model was made: 1 = on up to kStreamMlpMaxRows rows, all =
+  // up to 8; off otherwise. Off by default: 0 to -2% of the 1B step at B = 1-2 and +0.5% / +12% at
+  // B = 4 / 8 (H200, bench_decode 1B, two calls of two rounds; bench/NOTES.md 114) does not pay
+  // for what its grid barrier asks (every CTA resident at once: a second engine or stream holding
+  // SMs would stall it until the barrier's timeout).
+  static constexpr std::int32_t kStreamMlpMaxRows = 2;
+  bool stream_mlp_ = false;
+  std::int32_t stream_mlp_max_rows_ = kStreamMlpMaxRows;
+  bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
   // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).
   bool fuse_swiglu_ = true;

@@ -4,7 +4,7 @@
 //   * medians of N launches, us, with their bytes' rate: stream_mlp, the stream GEMV over
 //     gate_up (n 16384, k 2048) and over down (n 2048, k 8192);
 //   * stream_mlp's trace (StreamMlpArgs::trace) of the last launch: per point, min / median / max
-//     over the CTAs of the time since the earliest CTA's entry, us.
+//     over the CTAs of the time since the trace's first stamp, us.
 //
 //   probe_stream_mlp_trace [--rows R] [--reps N]
 #include <cuda_runtime.h>
@@ -29,8 +29,8 @@ namespace graphdecode::bench {
 namespace {
 
 constexpr const char* kStampNames[kStreamMlpStamps] = {
-    "producer entry",  "gate/up issued", "all issued",   "consumers waited", "x staged",
-    "first act tile",  "act tiles done", "barrier passed", "act staged",     "end"};
+    "producer entry", "gate/up issued", "all issued",     "consumers waited", "x staged",
+    "first act tile", "act tiles done", "barrier passed", "act staged",       "end"};
 
 int run(int argc, char** argv) {
   int rows = 1, reps = 20;
@@ -53,7 +53,7 @@ int run(int argc, char** argv) {
   DeviceBuffer<float> sq(static_cast<std::size_t>(rows));
   GD_CUDA(cudaMemcpyAsync(sq.data(), sq_host.data(), rows * sizeof(float), cudaMemcpyHostToDevice,
                           s.get()));
-  DeviceBuffer<std::uint32_t> sync(3);
+  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
   sync.fill_bytes(0, s.get());
   const int grid = stream_mlp_grid(dev, h);
   DeviceBuffer<std::uint64_t> trace(static_cast<std::size_t>(grid) * kStreamMlpStamps);
@@ -94,8 +94,7 @@ int run(int argc, char** argv) {
   const double mlp_bytes = 2.0 * (3.0 * inter * h);
   const double t_mlp = time_us([&] { stream_mlp(dev, a, s.get()); });
   const double t_gu = time_us([&] {
-    stream_gemv(dev, {x.data(), gate_up.data(), gu_out.data(), rows, h, 2 * inter, false},
-                s.get());
+    stream_gemv(dev, {x.data(), gate_up.data(), gu_out.data(), rows, h, 2 * inter, false}, s.get());
   });
   const double t_down = time_us([&] {
     stream_gemv(dev, {act.data(), down.data(), y.data(), rows, inter, h, false}, s.get());
@@ -115,13 +114,14 @@ int run(int argc, char** argv) {
   GD_CUDA(cudaMemcpyAsync(t.data(), trace.data(), t.size() * 8, cudaMemcpyDeviceToHost, s.get()));
   GD_CUDA(cudaStreamSynchronize(s.get()));
   std::uint64_t t0 = ~0ull;
-  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[static_cast<std::size_t>(b) * kStreamMlpStamps]);
-  std::printf("\ntrace, us since the first CTA's entry, over %d CTAs\n%-18s %8s %8s %8s\n", grid,
-              "point", "min", "median", "max");
+  for (const std::uint64_t v : t) t0 = std::min(t0, v);  // a consumer may stamp first
+  std::printf("\ntrace, us since the first stamp, over %d CTAs\n%-18s %8s %8s %8s\n", grid, "point",
+              "min", "median", "max");
   for (int k = 0; k < kStreamMlpStamps; ++k) {
     std::vector<double> v;
     for (int b = 0; b < grid; ++b)
-      v.push_back(1e-3 * static_cast<double>(t[static_cast<std::size_t>(b) * kStreamMlpStamps + k] - t0));
+      v.push_back(1e-3 *
+                  static_cast<double>(t[static_cast<std::size_t>(b) * kStreamMlpStamps + k] - t0));
     std::sort(v.begin(), v.end());
     std::printf("%-18s %8.2f %8.2f %8.2f\n", kStampNames[k], v.front(), median(v), v.back());
   }

@@ -19,6 +19,7 @@ namespace {
 
 using detail::float_to_bf16_bits;
 using detail::mbar_init;
+using detail::mbar_wait;
 using detail::round_bf16;
 using detail::swiglu_value;
 using namespace detail::ring;
@@ -29,6 +30,14 @@ using namespace detail::ring;
 // 131: per-stage costs), and in one grid there is no first stage to wait for per GEMM.
 constexpr int kChunkKs[] = {2048, 1024};
 constexpr int kMinStages = 4;
+// Shared memory: stream_ring.cuh's fixed part, then each stage's tag (what it holds: an act tile,
+// or kDownTag), then x and the ring.
+constexpr int kTagBytes = kMaxStages * 4;
+constexpr int kMlpFixedBytes = kFixedBytes + kTagBytes;  // a multiple of 16 (x's alignment)
+static_assert(kMlpFixedBytes % 16 == 0);
+constexpr int kDownTag = -1;
+// The grid's words (StreamMlpArgs::sync).
+enum SyncWord { kArrivals, kGeneration, kTimeouts, kClaims };
 
 struct Params {
   const std::uint16_t* x;  // [rows][hidden]
@@ -42,7 +51,7 @@ struct Params {
   std::uint16_t* y;                // [rows][hidden]
   std::uint16_t* residual;         // [rows][hidden] or nullptr
   float* sum_sq_out;               // [gridDim.x][rows]
-  std::uint32_t* sync;             // [3] count, generation, timeouts
+  std::uint32_t* sync;             // [kStreamMlpSyncWords]: SyncWord
   std::int32_t* error_flag;
   std::uint64_t* trace;  // [gridDim.x][kStreamMlpStamps] or nullptr
   std::int32_t rows, hidden, inter;
@@ -69,21 +78,23 @@ __device__ __forceinline__ std::uint64_t global_ns() {
 }
 
 // Every CTA's act is written (the grid barrier of stream_mlp.h), by one thread of each CTA after
-// the CTA's own writes: sync[0] counts arrivals, the last one resets it and bumps the generation
-// sync[1] the others wait on (read before arriving: it cannot move until this CTA arrives).
+// the CTA's own writes: sync[kArrivals] counts arrivals, the last one resets it and bumps the
+// generation the others wait on (read before arriving: it cannot move until this CTA arrives),
+// after resetting the act tiles' claim counter for the next launch.
 __device__ void grid_barrier(std::uint32_t* sync, std::int32_t* error_flag) {
-  const std::uint32_t gen = load_acquire(sync + 1);
+  const std::uint32_t gen = load_acquire(sync + kGeneration);
   __threadfence();  // this CTA's act stores (ordered before by the consumers' barrier)
-  if (atomicAdd(sync, 1u) == gridDim.x - 1) {
-    atomicExch(sync, 0u);
+  if (atomicAdd(sync + kArrivals, 1u) == gridDim.x - 1) {
+    atomicExch(sync + kArrivals, 0u);
+    atomicExch(sync + kClaims, 0u);  // every claim of this launch is made (the producers')
     __threadfence();
-    store_release(sync + 1, gen + 1);
+    store_release(sync + kGeneration, gen + 1);
     return;
   }
   const std::uint64_t start = global_ns();
-  for (std::uint32_t polls = 1; load_acquire(sync + 1) == gen; ++polls) {
+  for (std::uint32_t polls = 1; load_acquire(sync + kGeneration) == gen; ++polls) {
     if ((polls & 1023u) == 0 && global_ns() - start > kStreamMlpBarrierTimeoutNs) {
-      atomicAdd(sync + 2, 1u);
+      atomicAdd(sync + kTimeouts, 1u);
       if (error_flag != nullptr) atomicOr(error_flag, kStreamMlpStallBit);
       return;
     }
@@ -93,8 +104,18 @@ __device__ void grid_barrier(std::uint32_t* sync, std::int32_t* error_flag) {
 // The trace's points (StreamMlpArgs::trace): the producer's entry, last gate/up copy issued and
 // last copy issued; the consumers' (thread ct 0) wait done, x staged, first tile summed, act tiles
 // done, barrier passed, act staged, end.
-enum Stamp { kEntry, kGateUpIssued, kAllIssued, kWaited, kXStaged, kFirstTile, kActDone,
-             kBarrierPassed, kActStaged, kEnd };
+enum Stamp {
+  kEntry,
+  kGateUpIssued,
+  kAllIssued,
+  kWaited,
+  kXStaged,
+  kFirstTile,
+  kActDone,
+  kBarrierPassed,
+  kActStaged,
+  kEnd
+};
 __device__ __forceinline__ void stamp(const Params& p, Stamp at) {
   if (p.trace != nullptr) p.trace[blockIdx.x * kStreamMlpStamps + at] = global_ns();
 }
@@ -104,18 +125,17 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
   std::uint64_t* empty = full + kMaxStages;
   float* red = reinterpret_cast<float*>(smem + kBarrierBytes);
-  unsigned char* xs = smem + kFixedBytes;
+  unsigned char* xs = smem + kMlpFixedBytes;
   unsigned char* ring = xs + p.rows * p.x_row_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const auto split = [](int tiles, unsigned b) {
-    return static_cast<int>(static_cast<std::int64_t>(b) * tiles / gridDim.x);
-  };
-  // This CTA's act tiles [ab, ae) (a gate and an up tile each) and down tiles [db, de): the down
-  // tiles are the stream GEMV's over the same grid, so the squares' parts match its.
-  const int ab = split(p.act_tiles, blockIdx.x), ae = split(p.act_tiles, blockIdx.x + 1);
-  const int db = split(p.out_tiles, blockIdx.x), de = split(p.out_tiles, blockIdx.x + 1);
-  const int gu_items = (ae - ab) * 2 * p.gu_chunks;
-  const int items = gu_items + (de - db) * p.down_chunks;
+  // The act tiles (a gate and an up tile each) are claimed from sync[kClaims] by the producers
+  // while they stream (one CTA's copies land slower than another's; with a fixed share the grid
+  // waited ~3 us on its slowest CTA at B = 1: probe_stream_mlp_trace). The down tiles are the
+  // stream GEMV's over the same grid, [db, de), so the squares' parts match its.
+  const int db = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.out_tiles / gridDim.x);
+  const int de =
+      static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.out_tiles / gridDim.x);
+  int* stage_tag = reinterpret_cast<int*>(smem + kFixedBytes);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.ring.stages; ++s) {
@@ -126,30 +146,38 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   }
   __syncthreads();
 
-  if (warp == 0) {  // producer: the gate and up tiles of each act tile, then the down tiles
+  if (warp == 0) {  // producer: the gate and up tiles of each act tile claimed, then the down tiles
     if (lane == 0) stamp(p, kEntry);
-    for (int i = 0; i < items; ++i) {
+    int i = 0;  // items issued: the ring's stage and phase
+    const auto issue = [&](const std::uint16_t* w, int k, int row0, int valid, int c, int tag) {
       if (i == p.ring.stages) {  // the first fill before the wait, as the stream GEMV
         pdl_wait_for_prior_grid();
         pdl_launch_dependents();
       }
-      if (i < gu_items) {
-        const int pair = i / (2 * p.gu_chunks), rem = i - pair * 2 * p.gu_chunks;
-        const int up = rem / p.gu_chunks, c = rem - up * p.gu_chunks;
-        const int col0 = (ab + pair) * kTileRows;
-        produce_item(p.ring, ring, full, empty, i, p.w_gate_up, p.hidden, up * p.inter + col0,
-                     min(kTileRows, p.inter - col0), c * p.ring.chunk_k,
-                     min(p.ring.chunk_k, p.hidden - c * p.ring.chunk_k), lane);
-        if (lane == 0 && i + 1 == gu_items) stamp(p, kGateUpIssued);
-      } else {
-        const int j = i - gu_items, tile = db + j / p.down_chunks, c = j % p.down_chunks;
-        produce_item(p.ring, ring, full, empty, i, p.w_down, p.inter, tile * kTileRows,
-                     min(kTileRows, p.hidden - tile * kTileRows), c * p.ring.chunk_k,
-                     min(p.ring.chunk_k, p.inter - c * p.ring.chunk_k), lane);
-      }
+      produce_item(p.ring, ring, full, empty, i++, w, k, row0, valid, c * p.ring.chunk_k,
+                   min(p.ring.chunk_k, k - c * p.ring.chunk_k), lane, stage_tag, tag);
+    };
+    // The claims count from 0 in each launch: the barrier's last arrival resets the counter (every
+    // producer's last claim, the one that fails, comes before its consumers arrive). The next
+    // claim is in flight while a tile's copies are issued.
+    std::uint32_t next = 0;
+    if (lane == 0) next = atomicAdd(p.sync + kClaims, 1u);
+    for (;;) {
+      const std::uint32_t a = __shfl_sync(0xffffffffu, next, 0);
+      if (a >= static_cast<std::uint32_t>(p.act_tiles)) break;
+      if (lane == 0) next = atomicAdd(p.sync + kClaims, 1u);
+      const int col0 = static_cast<int>(a) * kTileRows, valid = min(kTileRows, p.inter - col0);
+      for (int up = 0; up < 2; ++up)
+        for (int c = 0; c < p.gu_chunks; ++c)
+          issue(p.w_gate_up, p.hidden, up * p.inter + col0, valid, c, static_cast<int>(a));
     }
+    if (lane == 0) stamp(p, kGateUpIssued);
+    for (int tile = db; tile < de; ++tile)
+      for (int c = 0; c < p.down_chunks; ++c)
+        issue(p.w_down, p.inter, tile * kTileRows, min(kTileRows, p.hidden - tile * kTileRows), c,
+              kDownTag);
     if (lane == 0) stamp(p, kAllIssued);
-    if (items <= p.ring.stages) {
+    if (i <= p.ring.stages) {  // the loop never reached the wait
       pdl_wait_for_prior_grid();
       pdl_launch_dependents();
     }
@@ -162,8 +190,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
   if (ct == 0) stamp(p, kWaited);
-  stage_x(xs, p.x_row_bytes, p.x, p.rows, p.hidden, p.norm_w, p.sum_sq_in, p.parts, p.eps, red,
-          cw, lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
+  stage_x(xs, p.x_row_bytes, p.x, p.rows, p.hidden, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw,
+          lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
   if (ct == 0) stamp(p, kXStaged);
 
   const bool x_row = (lane >> 2) < p.rows;
@@ -171,7 +199,12 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   const bool cell_row = ct < kTileCells && m < p.rows;
   RingCursor cur;
   int tiles_done = 0;  // picks the partials buffer of tile_sum
-  for (int a = ab; a < ae; ++a) {
+  bool first = true;
+  for (;
+       ;) {  // the act tiles the producer claimed, told by the ring; the first down stage ends them
+    mbar_wait(&full[cur.s], cur.phase);
+    const int a = stage_tag[cur.s];
+    if (a == kDownTag) break;
     float acc0, acc1;
     tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
                   lane, x_row, acc0, acc1);
@@ -179,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
     tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
                   lane, x_row, acc0, acc1);
     const float up = round_bf16(tile_sum(red, tiles_done++ & 1, cw, lane, ct, acc0, acc1));
-    if (ct == 0 && a == ab) stamp(p, kFirstTile);
+    if (ct == 0 && first) stamp(p, kFirstTile);
+    first = false;
     const int col = a * kTileRows + tc;
     if (cell_row && col < p.inter)
       p.act[static_cast<std::size_t>(m) * p.inter + col] =
@@ -222,7 +256,7 @@ std::int64_t x_region_bytes(std::int32_t rows, std::int32_t hidden, std::int32_t
 
 std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t hidden,
                          std::int32_t inter, std::int32_t chunk_k) {
-  const std::int64_t left = dev.max_smem - kFixedBytes - x_region_bytes(rows, hidden, inter);
+  const std::int64_t left = dev.max_smem - kMlpFixedBytes - x_region_bytes(rows, hidden, inter);
   return static_cast<std::int32_t>(
       std::clamp<std::int64_t>(left / (kTileRows * (2LL * chunk_k + kRowPad)), 0, kMaxStages));
 }
@@ -256,9 +290,12 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   GD_REQUIRE(stream_mlp_supported(dev, a.rows, a.hidden, a.inter), "rows", a.rows,
              "x of " + std::to_string(std::max(a.hidden, a.inter)) +
                  " and four stages do not fit in shared memory");
-  const std::pair<const void*, const char*> aligned[] = {
-      {a.x, "x"},           {a.norm_weight, "norm_weight"}, {a.w_gate_up, "w_gate_up"},
-      {a.w_down, "w_down"}, {a.act, "act"},                 {a.y, "y"}};
+  const std::pair<const void*, const char*> aligned[] = {{a.x, "x"},
+                                                         {a.norm_weight, "norm_weight"},
+                                                         {a.w_gate_up, "w_gate_up"},
+                                                         {a.w_down, "w_down"},
+                                                         {a.act, "act"},
+                                                         {a.y, "y"}};
   for (const auto& [ptr, name] : aligned) {
     GD_REQUIRE(ptr != nullptr, name, "nullptr", "is required");
     GD_REQUIRE(aligned16(ptr), name, ptr, "must be 16-byte aligned");
@@ -271,7 +308,7 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   GD_REQUIRE((a.residual == nullptr) == (a.sum_sq_out == nullptr), "sum_sq_out",
              a.sum_sq_out == nullptr ? "nullptr" : "set",
              "the residual epilogue needs both residual and sum_sq_out, or neither");
-  GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid barrier's three zeroed words");
+  GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid's four zeroed words");
   static const bool opted_in = [&] {
     GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  dev.max_smem));
@@ -305,9 +342,9 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   p.gu_chunks = (a.hidden + p.ring.chunk_k - 1) / p.ring.chunk_k;
   p.down_chunks = (a.inter + p.ring.chunk_k - 1) / p.ring.chunk_k;
   p.x_row_bytes = static_cast<std::int32_t>(x_region_bytes(1, a.hidden, a.inter));
-  const std::size_t smem = static_cast<std::size_t>(kFixedBytes + x_region_bytes(a.rows, a.hidden,
-                                                                                a.inter)) +
-                           static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
+  const std::size_t smem =
+      static_cast<std::size_t>(kMlpFixedBytes + x_region_bytes(a.rows, a.hidden, a.inter)) +
+      static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
   launch_pdl(stream_mlp_kernel, dim3(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden))),
              dim3(kThreads), smem, stream, p);
 }

@@ -13,9 +13,12 @@
 // streams its gate/up tiles and then its down tiles through one ring without a pause: the down
 // weights fill the ring while the gate_up tiles finish and the grid waits for every CTA's act.
 //
-// The hand-off between the halves is a grid barrier in global memory (`sync`, three words zeroed
-// once, self-resetting, so a replayed graph needs no reset): every CTA must be resident at once,
-// which one CTA an SM and grid <= SMs give when nothing else holds the SMs. A barrier that does
+// The gate/up tiles are claimed by the CTAs as they stream (a counter in `sync`), the down tiles
+// are fixed. The hand-off between the halves is a grid barrier in global memory (`sync`, zeroed
+// once; each launch leaves it ready for the next, so a replayed graph needs no reset; one `sync`
+// per launch site: two launches on one must not overlap, i.e. a kernel between them that waits):
+// every CTA must be resident at once, which one CTA an SM and grid <= SMs give when nothing else
+// holds the SMs. A barrier that does
 // not complete within kStreamMlpBarrierTimeoutNs sets kStreamMlpStallBit in *error_flag and goes
 // on (the outputs are then wrong; the host reads the flag after the step), never a hang.
 // Graph-safe: fixed grid, no allocation, no host sync.
@@ -33,6 +36,7 @@ constexpr std::int32_t kStreamMlpStallBit = 2;  // *error_flag bit (beside the e
 constexpr std::uint64_t kStreamMlpBarrierTimeoutNs = 20'000'000'000;  // 20 s: sanitizer runs too
 
 constexpr int kStreamMlpStamps = 10;
+constexpr int kStreamMlpSyncWords = 4;  // arrivals, generation, timeouts, claims
 
 struct StreamMlpArgs {
   const std::uint16_t* x = nullptr;            // [rows][hidden] the residual stream, 16B aligned
@@ -46,9 +50,9 @@ struct StreamMlpArgs {
   std::uint16_t* y = nullptr;                // [rows][hidden] the down projection, bf16
   // Optional (both or neither): residual += y (bf16, as the rmsnorm kernel's add) and each CTA's
   // sum of squares of the new residual over its columns, sum_sq_out[cta][row].
-  std::uint16_t* residual = nullptr;  // [rows][hidden]; may alias x
-  float* sum_sq_out = nullptr;        // [stream_mlp_grid(dev, hidden)][rows]
-  std::uint32_t* sync = nullptr;      // [3] the grid barrier's words, zeroed before first use
+  std::uint16_t* residual = nullptr;   // [rows][hidden]; may alias x
+  float* sum_sq_out = nullptr;         // [stream_mlp_grid(dev, hidden)][rows]
+  std::uint32_t* sync = nullptr;       // [kStreamMlpSyncWords] zeroed before first use
   std::int32_t* error_flag = nullptr;  // [1] kStreamMlpStallBit on a barrier timeout
   // Diagnosis (bench/probes/stream_mlp_trace.cu): each CTA's %globaltimer at kStreamMlpStamps
   // points of its run (stream_mlp.cu names them), or nullptr.

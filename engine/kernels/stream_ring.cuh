@@ -71,22 +71,28 @@ struct RingShape {
 // The producer's side of one item: waits until the consumers released stage item % stages, arms
 // its barrier for `valid` rows of kc k and copies them from w (row stride
 // k elements, starting at row0 and k offset k0). Warp-wide (lane 0 arms, lanes < valid copy).
+// With stage_tag, stage_tag[stage] = tag first: what the stage holds, for consumers that learn it
+// from the ring (read after their wait on the stage's full barrier).
 __device__ __forceinline__ void produce_item(const RingShape& r, unsigned char* ring,
                                              std::uint64_t* full, std::uint64_t* empty, int item,
                                              const std::uint16_t* w, std::int64_t k, int row0,
-                                             int valid, int k0, int kc, int lane) {
+                                             int valid, int k0, int kc, int lane,
+                                             int* stage_tag = nullptr, int tag = 0) {
   const int s = item % r.stages;
   // Every lane that copies waits for the release itself (so each copy is ordered after the
   // consumers' reads by its own acquire, not through lane 0 and __syncwarp, which racecheck does
   // not follow: 2.5M hazards reported on stream_ring's reads otherwise).
   if (lane < valid || lane == 0)
     mbar_wait(&empty[s], ((item / r.stages) & 1) ^ 1);  // released by the consumers
-  if (lane == 0) mbar_arrive_expect_tx(&full[s], static_cast<std::uint32_t>(valid * kc * 2));
+  if (lane == 0) {
+    if (stage_tag != nullptr) stage_tag[s] = tag;  // published by the arrive (release)
+    mbar_arrive_expect_tx(&full[s], static_cast<std::uint32_t>(valid * kc * 2));
+  }
   __syncwarp();
   if (lane < valid)
     bulk_copy(ring + s * r.stage_bytes + lane * r.stage_row_bytes,
-              w + static_cast<std::size_t>(row0 + lane) * k + k0, static_cast<std::uint32_t>(kc * 2),
-              &full[s]);
+              w + static_cast<std::size_t>(row0 + lane) * k + k0,
+              static_cast<std::uint32_t>(kc * 2), &full[s]);
 }
 
 // The consumers' position in the ring: the stage of the next item and its barrier phase, counted

@@ -321,6 +321,72 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
   }
 }
 
+// GRAPHDECODE_STREAM_MLP=all (engine/kernels/stream_mlp.h): each decode layer's MLP block runs in
+// one grid at rows <= 8 (the default keeps the four kernels); the o projection adds the residual.
+// Three replayed decode steps of 7 requests: logits within the verify-vs-decode bound of the
+// four kernels' (the post-attention norm's squares add in another order) and of float64.
+TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 31);
+  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
+  while (seqs.size() < 7) {
+    const std::size_t at = seqs.size(), n = 3 + at % 2;
+    seqs.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i)
+      seqs[at][i] = static_cast<std::int32_t>((i * 37 + 5 * at) % config.vocab_size);
+  }
+  const char* plain_env = std::getenv("GRAPHDECODE_PLAIN_GEMM");  // racecheck runs: no GEMV
+  const bool plain = plain_env != nullptr && std::strcmp(plain_env, "1") == 0;
+  std::unique_ptr<Harness> one_grid;
+  {
+    const testing::ScopedEnv on("GRAPHDECODE_STREAM_MLP", "all");
+    one_grid = std::make_unique<Harness>(w, harness_options(8));
+  }
+  std::unique_ptr<Harness> four;
+  {
+    const testing::ScopedEnv off("GRAPHDECODE_STREAM_MLP", "0");
+    four = std::make_unique<Harness>(w, harness_options(8));
+  }
+  for (std::int32_t rows : {1, 2, 4, 8}) {
+    EXPECT_EQ(one_grid->model->fuses_mlp_block(rows), !plain) << rows;
+    EXPECT_FALSE(four->model->fuses_mlp_block(rows)) << rows;
+  }
+  std::vector<StepRequest> oreq = one_grid->prefill(seqs), freq = four->prefill(seqs);
+  const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);
+  for (std::int32_t step = 0; step < 3; ++step) {
+    std::vector<std::int32_t> ids;
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      oreq[p].extend_len = freq[p].extend_len = 1;
+      ids.push_back(
+          static_cast<std::int32_t>((p * 11 + static_cast<std::size_t>(step) * 5 + 2) % vocab));
+      seqs[p].push_back(ids.back());
+    }
+    std::vector<float> got, want;
+    ASSERT_EQ(one_grid->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, oreq, ids, got),
+              StepPath::kGraph);
+    ASSERT_EQ(four->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, want),
+              StepPath::kGraph);
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      const std::vector<double> ref = testing::reference_last_logits(w, seqs[p]);
+      double max_want = 0, err_want = 0, top = 0, err_ref = 0;
+      for (std::size_t v = 0; v < vocab; ++v) {
+        const double g = got[p * vocab + v];
+        ASSERT_TRUE(std::isfinite(g)) << "step " << step << " request " << p << " vocab " << v;
+        max_want = std::max(max_want, std::abs(static_cast<double>(want[p * vocab + v])));
+        err_want = std::max(err_want, std::abs(g - want[p * vocab + v]));
+        top = std::max(top, std::abs(ref[v]));
+        err_ref = std::max(err_ref, std::abs(g - ref[v]));
+      }
+      EXPECT_LE(err_want, 0.02 * max_want + 1e-4) << "step " << step << " request " << p;
+      EXPECT_LE(err_ref, 0.05 * top + 1e-4) << "step " << step << " request " << p << " vs float64";
+    }
+  }
+  std::int32_t flag = -1;  // no grid barrier timed out (kStreamMlpStallBit)
+  GD_CUDA(
+      cudaMemcpy(&flag, one_grid->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(flag, 0);
+}
+
 // A target-verify step of N = 4 tokens per request, captured with logits for every row, gives
 // the same 4N logits rows as 4 single-token decode steps over the same tokens (within bf16
 // rounding: the two run GEMMs and attention of different shapes), and matches the float64

@@ -192,7 +192,8 @@ void expect_near_float64(const Weights& w, int rows, const Bits& res, const Outp
   for (int r = 0; r < rows; ++r) {
     const std::uint16_t* xr = res.data() + static_cast<std::size_t>(r) * h;
     double ss = 0;
-    for (int i = 0; i < h; ++i) ss += static_cast<double>(bf16_to_float(xr[i])) * bf16_to_float(xr[i]);
+    for (int i = 0; i < h; ++i)
+      ss += static_cast<double>(bf16_to_float(xr[i])) * bf16_to_float(xr[i]);
     const double inv = 1.0 / std::sqrt(ss / h + kEps);
     std::vector<double> xn(h);
     for (int i = 0; i < h; ++i) xn[i] = bf16_to_float(w.norm_w[i]) * bf16_to_float(xr[i]) * inv;
@@ -234,23 +235,32 @@ void expect_near_float64(const Weights& w, int rows, const Bits& res, const Outp
   }
 }
 
+// Each launch leaves one generation more and its counters reset.
+void expect_launches(const std::vector<std::uint32_t>& words, std::uint32_t launches) {
+  EXPECT_EQ(words[0], 0u) << "arrivals left on the barrier";
+  EXPECT_EQ(words[1], launches) << "one generation per launch";
+  EXPECT_EQ(words[2], 0u) << "barrier timeouts";
+  EXPECT_EQ(words[3], 0u) << "claims left";
+}
+
 TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  DeviceBuffer<std::uint32_t> sync(3);
+  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
   sync.fill_bytes(0, s.get());
   DeviceBuffer<std::int32_t> flag(1);
   flag.fill_bytes(0, s.get());
+  std::uint32_t launches = 0;
   struct Shape {
     int hidden, inter;
     std::vector<int> rows;
   };
   // The 1B shape; CTAs with no act tile (64 act tiles, stream_mlp_grid CTAs); k = 264, not a
   // multiple of a stage, and 33 CTAs.
-  for (const Shape& sh : {Shape{2048, 8192, {1, 2, 5, 8}}, Shape{2048, 512, {1, 8}},
-                          Shape{264, 1000, {3}}}) {
+  for (const Shape& sh :
+       {Shape{2048, 8192, {1, 2, 5, 8}}, Shape{2048, 512, {1, 8}}, Shape{264, 1000, {3}}}) {
     const Weights w = make_weights(rng, sh.hidden, sh.inter, s.get());
     for (int rows : sh.rows) {
       SCOPED_TRACE("hidden " + std::to_string(sh.hidden) + " inter " + std::to_string(sh.inter) +
@@ -262,6 +272,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       BlockBuffers b;
       make_block(dev, w, rows, res, sq_in, sync, flag, b, s.get());
       stream_mlp(dev, b.args, s.get());
+      ++launches;
       const Outputs got = read_block(b, s.get());
       expect_same(got, want, rows, sh.hidden, sh.inter);
       if (sh.inter <= 1000 || rows <= 2) expect_near_float64(w, rows, res, got);
@@ -271,13 +282,12 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       plain.args.residual = nullptr;
       plain.args.sum_sq_out = nullptr;
       stream_mlp(dev, plain.args, s.get());
+      ++launches;
       ASSERT_EQ(to_host(plain.y, s.get()), got.y) << "y without the epilogue";
       ASSERT_EQ(to_host(plain.res, s.get()), res) << "the residual was written";
     }
   }
-  const std::vector<std::uint32_t> words = to_host(sync, s.get());
-  EXPECT_EQ(words[0], 0u) << "arrivals left on the barrier";
-  EXPECT_EQ(words[2], 0u) << "barrier timeouts";
+  expect_launches(to_host(sync, s.get()), launches);
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
@@ -287,16 +297,19 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   const int h = 2048, inter = 8192, rows = 2;
-  const Weights w1 = make_weights(rng, h, inter, s.get()), w2 = make_weights(rng, h, inter, s.get());
-  DeviceBuffer<std::uint32_t> sync(3);
-  sync.fill_bytes(0, s.get());
+  const Weights w1 = make_weights(rng, h, inter, s.get()),
+                w2 = make_weights(rng, h, inter, s.get());
+  // One sync block per launch site, as the model's layers.
+  DeviceBuffer<std::uint32_t> sync1(kStreamMlpSyncWords), sync2(kStreamMlpSyncWords);
+  sync1.fill_bytes(0, s.get());
+  sync2.fill_bytes(0, s.get());
   DeviceBuffer<std::int32_t> flag(1);
   flag.fill_bytes(0, s.get());
   // Block 2 reads block 1's residual and squares: the buffers of a model's layers.
   Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
   BlockBuffers b1, b2;
-  make_block(dev, w1, rows, res, squares(res, rows, h, kParts), sync, flag, b1, s.get());
-  make_block(dev, w2, rows, res, squares(res, rows, h, kParts), sync, flag, b2, s.get());
+  make_block(dev, w1, rows, res, squares(res, rows, h, kParts), sync1, flag, b1, s.get());
+  make_block(dev, w2, rows, res, squares(res, rows, h, kParts), sync2, flag, b2, s.get());
   b2.args.x = b1.res.data();
   b2.args.residual = b1.res.data();
   b2.args.sum_sq_in = b1.sq_out.data();
@@ -316,8 +329,8 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
     const std::vector<float> sq_in = squares(res, rows, h, kParts);
     GD_CUDA(cudaMemcpyAsync(b1.res.data(), res.data(), res.size() * 2, cudaMemcpyHostToDevice,
                             s.get()));
-    GD_CUDA(cudaMemcpyAsync(b1.sq_in.data(), sq_in.data(), sq_in.size() * 4,
-                            cudaMemcpyHostToDevice, s.get()));
+    GD_CUDA(cudaMemcpyAsync(b1.sq_in.data(), sq_in.data(), sq_in.size() * 4, cudaMemcpyHostToDevice,
+                            s.get()));
     GD_CUDA(cudaGraphLaunch(exec, s.get()));
     // Eager: the first block's chain, then the second's on its outputs.
     const Outputs want1 = run_chain(dev, w1, rows, res, sq_in, kParts, s.get());
@@ -332,10 +345,8 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   }
   GD_CUDA(cudaGraphExecDestroy(exec));
   GD_CUDA(cudaGraphDestroy(graph));
-  const std::vector<std::uint32_t> words = to_host(sync, s.get());
-  EXPECT_EQ(words[0], 0u);
-  EXPECT_EQ(words[1], 6u) << "one generation per launch";
-  EXPECT_EQ(words[2], 0u);
+  expect_launches(to_host(sync1, s.get()), 3);
+  expect_launches(to_host(sync2, s.get()), 3);
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
@@ -346,7 +357,7 @@ TEST_F(StreamMlpGpu, BadArgumentsAreRefusedByName) {
   DeviceBuffer<std::uint16_t> x(rows * h + 8), nw(h), gu(2 * inter * h), down(h * inter),
       act(rows * inter), y(rows * h);
   DeviceBuffer<float> sq(static_cast<std::size_t>(dev.sm_count) * rows);
-  DeviceBuffer<std::uint32_t> sync(3);
+  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
   StreamMlpArgs ok;
   ok.x = x.data();
   ok.norm_weight = nw.data();
