@@ -37,7 +37,8 @@ constexpr int kMlpFixedBytes = kFixedBytes + kTagBytes;  // a multiple of 16 (x'
 static_assert(kMlpFixedBytes % 16 == 0);
 constexpr int kDownTag = -1;
 // The grid's words (StreamMlpArgs::sync).
-enum SyncWord { kArrivals, kGeneration, kTimeouts, kClaims };
+// (kArrivals: 64 bits, two words; StreamMlpArgs::sync is 8-byte aligned.)
+enum SyncWord { kArrivals = 0, kClaims = 2, kTimeouts = 3 };
 
 struct Params {
   const std::uint16_t* x;  // [rows][hidden]
@@ -63,13 +64,10 @@ struct Params {
   std::int32_t x_row_bytes;  // 2 max(hidden, inter) + kRowPad: x, then act, in one region
 };
 
-__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long load_acquire64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
-}
-__device__ __forceinline__ void store_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ std::uint64_t global_ns() {
   std::uint64_t t;
@@ -78,21 +76,28 @@ __device__ __forceinline__ std::uint64_t global_ns() {
 }
 
 // Every CTA's act is written (the grid barrier of stream_mlp.h), by one thread of each CTA after
-// the CTA's own writes: sync[kArrivals] counts arrivals, the last one resets it and bumps the
-// generation the others wait on (read before arriving: it cannot move until this CTA arrives),
-// after resetting the act tiles' claim counter for the next launch.
+// the CTA's own writes (ordered before it by the consumers' barrier). The arrivals only grow (64
+// bits: each launch adds gridDim.x), so a launch's target is the next multiple of the grid above
+// what its arrival returned, and passing takes two round trips to L2 under the stream's load (the
+// arrival, then the poll that sees the last one): with a generation word bumped by the last
+// arrival after resetting the count (a fence, an exchange and a release store more), the barrier
+// passed ~2-3 us after the last arrival (probe_stream_mlp_trace, B = 1). The last arrival resets
+// the claim counter for the next launch (every claim of this one is made by then: a producer's
+// last claim precedes its consumers' arrival).
 __device__ void grid_barrier(std::uint32_t* sync, std::int32_t* error_flag) {
-  const std::uint32_t gen = load_acquire(sync + kGeneration);
-  __threadfence();  // this CTA's act stores (ordered before by the consumers' barrier)
-  if (atomicAdd(sync + kArrivals, 1u) == gridDim.x - 1) {
-    atomicExch(sync + kArrivals, 0u);
-    atomicExch(sync + kClaims, 0u);  // every claim of this launch is made (the producers')
-    __threadfence();
-    store_release(sync + kGeneration, gen + 1);
+  auto* arrivals = reinterpret_cast<unsigned long long*>(sync + kArrivals);
+  unsigned long long old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
+               : "=l"(old)
+               : "l"(arrivals)
+               : "memory");
+  const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+  if (old + 1 == target) {
+    atomicExch(sync + kClaims, 0u);
     return;
   }
   const std::uint64_t start = global_ns();
-  for (std::uint32_t polls = 1; load_acquire(sync + kGeneration) == gen; ++polls) {
+  for (std::uint32_t polls = 1; load_acquire64(arrivals) < target; ++polls) {
     if ((polls & 1023u) == 0 && global_ns() - start > kStreamMlpBarrierTimeoutNs) {
       atomicAdd(sync + kTimeouts, 1u);
       if (error_flag != nullptr) atomicOr(error_flag, kStreamMlpStallBit);
@@ -309,6 +314,8 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
              a.sum_sq_out == nullptr ? "nullptr" : "set",
              "the residual epilogue needs both residual and sum_sq_out, or neither");
   GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid's four zeroed words");
+  GD_REQUIRE(reinterpret_cast<std::uintptr_t>(a.sync) % 8 == 0, "sync", a.sync,
+             "must be 8-byte aligned (a 64-bit arrival count)");
   static const bool opted_in = [&] {
     GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  dev.max_smem));

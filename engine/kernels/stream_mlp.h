@@ -16,7 +16,8 @@
 // The gate/up tiles are claimed by the CTAs as they stream (a counter in `sync`), the down tiles
 // are fixed. The hand-off between the halves is a grid barrier in global memory (`sync`, zeroed
 // once; each launch leaves it ready for the next, so a replayed graph needs no reset; one `sync`
-// per launch site: two launches on one must not overlap, i.e. a kernel between them that waits):
+// per launch site: two launches on one must not overlap, i.e. a kernel between them that waits,
+// and all have the same hidden, so the same grid):
 // every CTA must be resident at once, which one CTA an SM and grid <= SMs give when nothing else
 // holds the SMs. A barrier that does
 // not complete within kStreamMlpBarrierTimeoutNs sets kStreamMlpStallBit in *error_flag and goes
@@ -36,7 +37,7 @@ constexpr std::int32_t kStreamMlpStallBit = 2;  // *error_flag bit (beside the e
 constexpr std::uint64_t kStreamMlpBarrierTimeoutNs = 20'000'000'000;  // 20 s: sanitizer runs too
 
 constexpr int kStreamMlpStamps = 10;
-constexpr int kStreamMlpSyncWords = 4;  // arrivals, generation, timeouts, claims
+constexpr int kStreamMlpSyncWords = 4;  // arrivals (64 bits), claims, timeouts
 
 struct StreamMlpArgs {
   const std::uint16_t* x = nullptr;            // [rows][hidden] the residual stream, 16B aligned

@@ -235,12 +235,13 @@ void expect_near_float64(const Weights& w, int rows, const Bits& res, const Outp
   }
 }
 
-// Each launch leaves one generation more and its counters reset.
-void expect_launches(const std::vector<std::uint32_t>& words, std::uint32_t launches) {
-  EXPECT_EQ(words[0], 0u) << "arrivals left on the barrier";
-  EXPECT_EQ(words[1], launches) << "one generation per launch";
-  EXPECT_EQ(words[2], 0u) << "barrier timeouts";
-  EXPECT_EQ(words[3], 0u) << "claims left";
+// Every CTA of every launch arrived once; the claims reset, no timeout.
+void expect_launches(const std::vector<std::uint32_t>& words, std::uint64_t arrivals) {
+  std::uint64_t got = 0;
+  std::memcpy(&got, words.data(), sizeof(got));
+  EXPECT_EQ(got, arrivals) << "arrivals: every CTA of every launch once";
+  EXPECT_EQ(words[2], 0u) << "claims left";
+  EXPECT_EQ(words[3], 0u) << "barrier timeouts";
 }
 
 TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
@@ -248,11 +249,8 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
-  sync.fill_bytes(0, s.get());
   DeviceBuffer<std::int32_t> flag(1);
   flag.fill_bytes(0, s.get());
-  std::uint32_t launches = 0;
   struct Shape {
     int hidden, inter;
     std::vector<int> rows;
@@ -262,6 +260,10 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   for (const Shape& sh :
        {Shape{2048, 8192, {1, 2, 5, 8}}, Shape{2048, 512, {1, 8}}, Shape{264, 1000, {3}}}) {
     const Weights w = make_weights(rng, sh.hidden, sh.inter, s.get());
+    // One sync block per shape: every launch on one has the same grid (stream_mlp.h).
+    DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
+    sync.fill_bytes(0, s.get());
+    std::uint64_t arrivals = 0;
     for (int rows : sh.rows) {
       SCOPED_TRACE("hidden " + std::to_string(sh.hidden) + " inter " + std::to_string(sh.inter) +
                    " rows " + std::to_string(rows));
@@ -272,7 +274,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       BlockBuffers b;
       make_block(dev, w, rows, res, sq_in, sync, flag, b, s.get());
       stream_mlp(dev, b.args, s.get());
-      ++launches;
+      arrivals += static_cast<std::uint64_t>(stream_mlp_grid(dev, sh.hidden));
       const Outputs got = read_block(b, s.get());
       expect_same(got, want, rows, sh.hidden, sh.inter);
       if (sh.inter <= 1000 || rows <= 2) expect_near_float64(w, rows, res, got);
@@ -282,12 +284,12 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       plain.args.residual = nullptr;
       plain.args.sum_sq_out = nullptr;
       stream_mlp(dev, plain.args, s.get());
-      ++launches;
+      arrivals += static_cast<std::uint64_t>(stream_mlp_grid(dev, sh.hidden));
       ASSERT_EQ(to_host(plain.y, s.get()), got.y) << "y without the epilogue";
       ASSERT_EQ(to_host(plain.res, s.get()), res) << "the residual was written";
     }
+    expect_launches(to_host(sync, s.get()), arrivals);
   }
-  expect_launches(to_host(sync, s.get()), launches);
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
@@ -345,8 +347,8 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   }
   GD_CUDA(cudaGraphExecDestroy(exec));
   GD_CUDA(cudaGraphDestroy(graph));
-  expect_launches(to_host(sync1, s.get()), 3);
-  expect_launches(to_host(sync2, s.get()), 3);
+  expect_launches(to_host(sync1, s.get()), 3ull * stream_mlp_grid(dev, h));
+  expect_launches(to_host(sync2, s.get()), 3ull * stream_mlp_grid(dev, h));
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
@@ -387,6 +389,7 @@ TEST_F(StreamMlpGpu, BadArgumentsAreRefusedByName) {
   EXPECT_EQ(field([](StreamMlpArgs& a) { a.eps = 0.f; }), "eps");
   EXPECT_EQ(field([&](StreamMlpArgs& a) { a.residual = x.data(); }), "sum_sq_out");
   EXPECT_EQ(field([](StreamMlpArgs& a) { a.sync = nullptr; }), "sync");
+  EXPECT_EQ(field([&](StreamMlpArgs& a) { a.sync = sync.data() + 1; }), "sync");
   // x of 8 rows of 16384 does not leave four stages.
   EXPECT_FALSE(stream_mlp_supported(dev, 8, 2048, 16384));
   EXPECT_TRUE(stream_mlp_supported(dev, 8, 2048, 8192));
