@@ -198,10 +198,10 @@ class LlamaModel {
   // [layers][kStreamMlpSyncWords] each layer's MLP block's grid words (zeroed once)
   DeviceBuffer<std::uint32_t> mlp_sync_;
   // GRAPHDECODE_STREAM_MLP when the model was made: 1 = on up to kStreamMlpMaxRows rows, all =
-  // up to 8; off otherwise. Off by default: 0 to -2% of the 1B step at B = 1-2 and +0.5% / +12% at
-  // B = 4 / 8 (H200, bench_decode 1B, two calls of two rounds; bench/NOTES.md 114) does not pay
-  // for what its grid barrier asks (every CTA resident at once: a second engine or stream holding
-  // SMs would stall it until the barrier's timeout).
+  // up to 8; off otherwise. Off by default: -1 to -3.3% of the 1B step at B = 1-2 and -0.6% at B =
+  // 4 (H200, bench_decode 1B, t134; +12% at B = 8 before the barrier's rework; bench/NOTES.md 114)
+  // do not pay for what its grid barrier asks: every CTA resident at once, so a second engine or
+  // stream holding SMs would stall it until the barrier's timeout (then its error flag).
   static constexpr std::int32_t kStreamMlpMaxRows = 2;
   bool stream_mlp_ = false;
   std::int32_t stream_mlp_max_rows_ = kStreamMlpMaxRows;
