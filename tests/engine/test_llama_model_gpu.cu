@@ -263,6 +263,27 @@ TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
   for (float x : got) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Each request's last logits finite, within 2% of the largest of `want` (another path's logits)
+// and within 5% of the largest float64 reference logit: the verify-vs-decode bounds.
+void expect_logits_near(const HostWeights& w, const std::vector<std::vector<std::int32_t>>& seqs,
+                        const std::vector<float>& got, const std::vector<float>& want,
+                        std::size_t vocab, std::int32_t step) {
+  for (std::size_t p = 0; p < seqs.size(); ++p) {
+    const std::vector<double> ref = testing::reference_last_logits(w, seqs[p]);
+    double max_want = 0, err_want = 0, top = 0, err_ref = 0;
+    for (std::size_t v = 0; v < vocab; ++v) {
+      const double g = got[p * vocab + v];
+      ASSERT_TRUE(std::isfinite(g)) << "step " << step << " request " << p << " vocab " << v;
+      max_want = std::max(max_want, std::abs(static_cast<double>(want[p * vocab + v])));
+      err_want = std::max(err_want, std::abs(g - want[p * vocab + v]));
+      top = std::max(top, std::abs(ref[v]));
+      err_ref = std::max(err_ref, std::abs(g - ref[v]));
+    }
+    EXPECT_LE(err_want, 0.02 * max_want + 1e-4) << "step " << step << " request " << p;
+    EXPECT_LE(err_ref, 0.05 * top + 1e-4) << "step " << step << " request " << p << " vs float64";
+  }
+}
+
 // Decode steps at rows <= 8 fold each layer's input RMSNorm into the stream GEMVs around it
 // (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 7 requests here.
 // Three replayed decode steps: the fused model's logits within the verify-vs-decode bound of the
@@ -304,20 +325,7 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
               StepPath::kGraph);
     ASSERT_EQ(unfused->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, ureq, ids, want),
               StepPath::kGraph);
-    for (std::size_t p = 0; p < seqs.size(); ++p) {
-      const std::vector<double> ref = testing::reference_last_logits(w, seqs[p]);
-      double max_want = 0, err_want = 0, top = 0, err_ref = 0;
-      for (std::size_t v = 0; v < vocab; ++v) {
-        const double g = got[p * vocab + v];
-        ASSERT_TRUE(std::isfinite(g)) << "step " << step << " request " << p << " vocab " << v;
-        max_want = std::max(max_want, std::abs(static_cast<double>(want[p * vocab + v])));
-        err_want = std::max(err_want, std::abs(g - want[p * vocab + v]));
-        top = std::max(top, std::abs(ref[v]));
-        err_ref = std::max(err_ref, std::abs(g - ref[v]));
-      }
-      EXPECT_LE(err_want, 0.02 * max_want + 1e-4) << "step " << step << " request " << p;
-      EXPECT_LE(err_ref, 0.05 * top + 1e-4) << "step " << step << " request " << p << " vs float64";
-    }
+    expect_logits_near(w, seqs, got, want, vocab, step);
   }
 }
 
@@ -366,20 +374,7 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
               StepPath::kGraph);
     ASSERT_EQ(four->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, want),
               StepPath::kGraph);
-    for (std::size_t p = 0; p < seqs.size(); ++p) {
-      const std::vector<double> ref = testing::reference_last_logits(w, seqs[p]);
-      double max_want = 0, err_want = 0, top = 0, err_ref = 0;
-      for (std::size_t v = 0; v < vocab; ++v) {
-        const double g = got[p * vocab + v];
-        ASSERT_TRUE(std::isfinite(g)) << "step " << step << " request " << p << " vocab " << v;
-        max_want = std::max(max_want, std::abs(static_cast<double>(want[p * vocab + v])));
-        err_want = std::max(err_want, std::abs(g - want[p * vocab + v]));
-        top = std::max(top, std::abs(ref[v]));
-        err_ref = std::max(err_ref, std::abs(g - ref[v]));
-      }
-      EXPECT_LE(err_want, 0.02 * max_want + 1e-4) << "step " << step << " request " << p;
-      EXPECT_LE(err_ref, 0.05 * top + 1e-4) << "step " << step << " request " << p << " vs float64";
-    }
+    expect_logits_near(w, seqs, got, want, vocab, step);
   }
   std::int32_t flag = -1;  // no grid barrier timed out (kStreamMlpStallBit)
   GD_CUDA(

@@ -110,21 +110,6 @@ TEST_F(StreamGemvFusionGpu, ResidualEpilogueAddsAndLeavesEachCtasSquares) {
   }
 }
 
-// Sums of squares of residual rows [rows][k] as `parts` parts (any split: the prologue adds them).
-std::vector<float> split_squares(const Bits& res, int rows, int k, int parts) {
-  std::vector<float> sq(static_cast<std::size_t>(parts) * rows, 0.f);
-  for (int r = 0; r < rows; ++r)
-    for (int b = 0; b < parts; ++b) {
-      double s = 0;
-      for (int i = b * k / parts; i < (b + 1) * k / parts; ++i) {
-        const double v = bf16_to_float(res[static_cast<std::size_t>(r) * k + i]);
-        s += v * v;
-      }
-      sq[static_cast<std::size_t>(b) * rows + r] = static_cast<float>(s);
-    }
-  return sq;
-}
-
 TEST_F(StreamGemvFusionGpu, NormPrologueEqualsTheRmsnormKernelThenTheGemv) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();

@@ -59,21 +59,6 @@ Weights make_weights(Rng& rng, int hidden, int inter, cudaStream_t s) {
   return w;
 }
 
-// The residual rows' squares as `parts` parts (any split: the norm adds them).
-std::vector<float> squares(const Bits& res, int rows, int k, int parts) {
-  std::vector<float> sq(static_cast<std::size_t>(parts) * rows, 0.f);
-  for (int r = 0; r < rows; ++r)
-    for (int b = 0; b < parts; ++b) {
-      double s = 0;
-      for (int i = b * k / parts; i < (b + 1) * k / parts; ++i) {
-        const double v = bf16_to_float(res[static_cast<std::size_t>(r) * k + i]);
-        s += v * v;
-      }
-      sq[static_cast<std::size_t>(b) * rows + r] = static_cast<float>(s);
-    }
-  return sq;
-}
-
 // What one block leaves: act, y, the residual and the squares (+ one guard row / part each).
 struct Outputs {
   Bits act, y, residual;
@@ -269,7 +254,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
                    " rows " + std::to_string(rows));
       ASSERT_TRUE(stream_mlp_supported(dev, rows, sh.hidden, sh.inter));
       Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * sh.hidden, false);
-      const std::vector<float> sq_in = squares(res, rows, sh.hidden, kParts);
+      const std::vector<float> sq_in = split_squares(res, rows, sh.hidden, kParts);
       const Outputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
       BlockBuffers b;
       make_block(dev, w, rows, res, sq_in, sync, flag, b, s.get());
@@ -310,8 +295,8 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   // Block 2 reads block 1's residual and squares: the buffers of a model's layers.
   Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
   BlockBuffers b1, b2;
-  make_block(dev, w1, rows, res, squares(res, rows, h, kParts), sync1, flag, b1, s.get());
-  make_block(dev, w2, rows, res, squares(res, rows, h, kParts), sync2, flag, b2, s.get());
+  make_block(dev, w1, rows, res, split_squares(res, rows, h, kParts), sync1, flag, b1, s.get());
+  make_block(dev, w2, rows, res, split_squares(res, rows, h, kParts), sync2, flag, b2, s.get());
   b2.args.x = b1.res.data();
   b2.args.residual = b1.res.data();
   b2.args.sum_sq_in = b1.sq_out.data();
@@ -328,7 +313,7 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
-    const std::vector<float> sq_in = squares(res, rows, h, kParts);
+    const std::vector<float> sq_in = split_squares(res, rows, h, kParts);
     GD_CUDA(cudaMemcpyAsync(b1.res.data(), res.data(), res.size() * 2, cudaMemcpyHostToDevice,
                             s.get()));
     GD_CUDA(cudaMemcpyAsync(b1.sq_in.data(), sq_in.data(), sq_in.size() * 4, cudaMemcpyHostToDevice,
