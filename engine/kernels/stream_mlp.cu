@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   RingCursor cur;
   int tiles_done = 0;  // picks the partials buffer of tile_sum
   bool first = true;
-  for (;
-       ;) {  // the act tiles the producer claimed, told by the ring; the first down stage ends them
+  // The act tiles the producer claimed, told by the ring's tags; the first down stage ends them.
+  for (;;) {
     mbar_wait(&full[cur.s], cur.phase);
     const int a = stage_tag[cur.s];
     if (a == kDownTag) break;
