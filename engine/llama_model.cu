@@ -111,6 +111,8 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     stream_mlp_ = std::strcmp(mlp, "1") == 0 || std::strcmp(mlp, "all") == 0;
     if (std::strcmp(mlp, "all") == 0) stream_mlp_max_rows_ = kSkinnyMaxRows;
   }
+  if (const char* coop = std::getenv("GRAPHDECODE_STREAM_MLP_COOP"))
+    stream_mlp_cooperative_ = std::strcmp(coop, "1") == 0;
   mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *
                                           kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
@@ -315,6 +317,7 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     a.rows = rows;
     a.hidden = h;
     a.inter = inter;
+    a.cooperative = stream_mlp_cooperative_;
     gemm_.run_mlp(a, stream);
     return;
   }

@@ -205,6 +205,9 @@ class LlamaModel {
   static constexpr std::int32_t kStreamMlpMaxRows = 2;
   bool stream_mlp_ = false;
   std::int32_t stream_mlp_max_rows_ = kStreamMlpMaxRows;
+  // GRAPHDECODE_STREAM_MLP_COOP=1: the block as a cooperative launch (StreamMlpArgs::cooperative,
+  // not yet run on a device).
+  bool stream_mlp_cooperative_ = false;
   bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
   // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).

@@ -352,8 +352,25 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   const std::size_t smem =
       static_cast<std::size_t>(kMlpFixedBytes + x_region_bytes(a.rows, a.hidden, a.inter)) +
       static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
-  launch_pdl(stream_mlp_kernel, dim3(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden))),
-             dim3(kThreads), smem, stream, p);
+  const dim3 grid(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden)));
+  if (!a.cooperative) {
+    launch_pdl(stream_mlp_kernel, grid, dim3(kThreads), smem, stream, p);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  GD_CUDA(cudaLaunchKernelEx(&cfg, stream_mlp_kernel, p));
+  GD_CHECK_LAUNCH();
 }
 
 }  // namespace graphdecode

@@ -61,6 +61,11 @@ struct StreamMlpArgs {
   std::int32_t rows = 0;
   std::int32_t hidden = 0;
   std::int32_t inter = 0;
+  // Launch with cudaLaunchAttributeCooperative beside the programmatic dependency, so the driver
+  // places every CTA at once (what the grid barrier needs) instead of relying on nothing else
+  // holding the SMs. Written 2026-11-29 after the session's device time ran out: not yet run
+  // (test_stream_mlp_gpu's CooperativeLaunchGivesTheSameBits is its first check).
+  bool cooperative = false;
 };
 
 // True when stream_mlp takes (rows, hidden, inter) on `dev`: 1 <= rows <= 8, hidden and inter

@@ -8,6 +8,7 @@
 //   normed products.
 // - Graph: two blocks back to back (the second reads the first's residual) captured once and
 //   replayed on fresh inputs equal eager runs; the grid barrier resets itself.
+// - A cooperative launch (StreamMlpArgs::cooperative): the same bits, eager and in a graph.
 // - Bad arguments: a graphdecode::Error naming the field.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
@@ -334,6 +335,53 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   GD_CUDA(cudaGraphDestroy(graph));
   expect_launches(to_host(sync1, s.get()), 3ull * stream_mlp_grid(dev, h));
   expect_launches(to_host(sync2, s.get()), 3ull * stream_mlp_grid(dev, h));
+  EXPECT_EQ(to_host(flag, s.get())[0], 0);
+}
+
+// StreamMlpArgs::cooperative: the same bits as the chain, eager and as a graph replayed twice on
+// fresh inputs, and the barrier's words as after any launch.
+TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  const int h = 2048, inter = 8192, rows = 1;
+  const Weights w = make_weights(rng, h, inter, s.get());
+  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
+  sync.fill_bytes(0, s.get());
+  DeviceBuffer<std::int32_t> flag(1);
+  flag.fill_bytes(0, s.get());
+  Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
+  std::vector<float> sq_in = split_squares(res, rows, h, kParts);
+  BlockBuffers b;
+  make_block(dev, w, rows, res, sq_in, sync, flag, b, s.get());
+  b.args.cooperative = true;
+  stream_mlp(dev, b.args, s.get());
+  expect_same(read_block(b, s.get()), run_chain(dev, w, rows, res, sq_in, kParts, s.get()), rows, h,
+              inter);
+  cudaGraph_t graph = nullptr;
+  GD_CUDA(cudaStreamSynchronize(s.get()));
+  GD_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  stream_mlp(dev, b.args, s.get());
+  GD_CUDA(cudaStreamEndCapture(s.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
+    sq_in = split_squares(res, rows, h, kParts);
+    GD_CUDA(
+        cudaMemcpyAsync(b.res.data(), res.data(), res.size() * 2, cudaMemcpyHostToDevice, s.get()));
+    GD_CUDA(cudaMemcpyAsync(b.sq_in.data(), sq_in.data(), sq_in.size() * 4, cudaMemcpyHostToDevice,
+                            s.get()));
+    GD_CUDA(cudaGraphLaunch(exec, s.get()));
+    const Outputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
+    ASSERT_EQ(to_host(b.y, s.get()), want.y) << "y";
+    ASSERT_EQ(to_host(b.res, s.get()), want.residual) << "residual";
+  }
+  GD_CUDA(cudaGraphExecDestroy(exec));
+  GD_CUDA(cudaGraphDestroy(graph));
+  expect_launches(to_host(sync, s.get()), 3ull * stream_mlp_grid(dev, h));
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
