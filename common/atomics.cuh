@@ -28,4 +28,14 @@ __device__ __forceinline__ std::uint32_t atomic_add_acq_rel_gpu(std::uint32_t* a
   return old;
 }
 
+__device__ __forceinline__ unsigned long long atomic_add_acq_rel_gpu(unsigned long long* addr,
+                                                                     unsigned long long v) {
+  unsigned long long old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;"
+               : "=l"(old)
+               : "l"(addr), "l"(v)
+               : "memory");
+  return old;
+}
+
 }  // namespace graphdecode

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/align.h"
+#include "common/atomics.cuh"
 #include "common/cuda_check.h"
 #include "common/error.h"
 #include "common/pdl.cuh"
@@ -86,11 +87,7 @@ __device__ __forceinline__ std::uint64_t global_ns() {
 // last claim precedes its consumers' arrival).
 __device__ void grid_barrier(std::uint32_t* sync, std::int32_t* error_flag) {
   auto* arrivals = reinterpret_cast<unsigned long long*>(sync + kArrivals);
-  unsigned long long old;
-  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
-               : "=l"(old)
-               : "l"(arrivals)
-               : "memory");
+  const unsigned long long old = atomic_add_acq_rel_gpu(arrivals, 1ull);
   const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
   if (old + 1 == target) {
     atomicExch(sync + kClaims, 0u);
