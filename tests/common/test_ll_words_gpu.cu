@@ -37,7 +37,9 @@ __host__ __device__ std::uint32_t data_of(int i, std::uint32_t epoch) {
   return h * 0x2c1b3c6du;
 }
 
-__global__ void advance_epoch(std::uint32_t* epoch) { *epoch += 1; }
+__global__ void advance_epoch(std::uint32_t* epoch) {
+  *epoch += 1;
+}
 
 __device__ std::uint64_t now_ns() {
   std::uint64_t t;
@@ -142,7 +144,8 @@ TEST_F(LlWordsGpu, ReaderThatNeverWaitsGetsThisEpochsWordsEagerAndReplayed) {
 TEST_F(LlWordsGpu, PollOfATagNobodyWritesGivesUpAndFlags) {
   Stream s;
   Rig rig(s.get());
-  rig.launch(s.get(), 1000, /*tag_offset=*/7);  // the writer stores tag e + 1, the reader wants e + 8
+  rig.launch(s.get(), 1000,
+             /*tag_offset=*/7);  // the writer stores tag e + 1, the reader wants e + 8
   std::vector<std::uint32_t> out(kWords);
   std::int32_t flag = -1;
   GD_CUDA(cudaMemcpyAsync(out.data(), rig.out.data(), kWords * 4, cudaMemcpyDeviceToHost, s.get()));
