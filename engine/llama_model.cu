@@ -113,6 +113,8 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   }
   if (const char* coop = std::getenv("GRAPHDECODE_STREAM_MLP_COOP"))
     stream_mlp_cooperative_ = std::strcmp(coop, "1") == 0;
+  if (const char* fma = std::getenv("GRAPHDECODE_STREAM_MLP_FMA"))
+    stream_mlp_fma_ = std::strcmp(fma, "1") == 0;
   mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *
                                           kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
@@ -318,6 +320,7 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     a.hidden = h;
     a.inter = inter;
     a.cooperative = stream_mlp_cooperative_;
+    a.fma = stream_mlp_fma_ && rows <= kStreamMlpFmaMaxRows;
     gemm_.run_mlp(a, stream);
     return;
   }

@@ -208,6 +208,10 @@ class LlamaModel {
   // GRAPHDECODE_STREAM_MLP_COOP=1: the block as a cooperative launch (StreamMlpArgs::cooperative,
   // not yet run on a device).
   bool stream_mlp_cooperative_ = false;
+  // GRAPHDECODE_STREAM_MLP_FMA=1: its consumers on CUDA cores at rows <= 2 (StreamMlpArgs::fma,
+  // not yet run on a device).
+  static constexpr std::int32_t kStreamMlpFmaMaxRows = 2;
+  bool stream_mlp_fma_ = false;
   bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
   // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).

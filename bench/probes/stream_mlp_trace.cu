@@ -6,7 +6,8 @@
 //   * stream_mlp's trace (StreamMlpArgs::trace) of the last launch: per point, min / median / max
 //     over the CTAs of the time since the trace's first stamp, us.
 //
-//   probe_stream_mlp_trace [--rows R] [--reps N] [--coop]   (--coop: StreamMlpArgs::cooperative)
+//   probe_stream_mlp_trace [--rows R] [--reps N] [--coop] [--fma]   (StreamMlpArgs::cooperative,
+//                                                                    ::fma; --fma: rows <= 2)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,9 +35,10 @@ constexpr const char* kStampNames[kStreamMlpStamps] = {
 
 int run(int argc, char** argv) {
   int rows = 1, reps = 20;
-  bool cooperative = false;
+  bool cooperative = false, fma = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--coop") == 0) cooperative = true;
+    if (std::strcmp(argv[i], "--fma") == 0) fma = true;
     if (i + 1 >= argc) continue;
     if (std::strcmp(argv[i], "--rows") == 0) rows = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(3, std::atoi(argv[i + 1]));
@@ -77,6 +79,7 @@ int run(int argc, char** argv) {
   a.sync = sync.data();
   a.trace = trace.data();
   a.cooperative = cooperative;
+  a.fma = fma;
   a.rows = rows;
   a.hidden = h;
   a.inter = inter;
@@ -103,8 +106,8 @@ int run(int argc, char** argv) {
   const double t_down = time_us([&] {
     stream_gemv(dev, {act.data(), down.data(), y.data(), rows, inter, h, false}, s.get());
   });
-  std::printf("rows %d, %d reps, L2 flushed, eager%s\n", rows, reps,
-              cooperative ? ", cooperative launch" : "");
+  std::printf("rows %d, %d reps, L2 flushed, eager%s%s\n", rows, reps,
+              cooperative ? ", cooperative launch" : "", fma ? ", FMA consumers" : "");
   std::printf("%-28s %9s %9s\n", "kernel", "us", "TB/s");
   std::printf("%-28s %9.2f %9.2f\n", "stream_mlp", t_mlp, mlp_bytes / t_mlp / 1e6);
   std::printf("%-28s %9.2f %9.2f\n", "stream_gemv gate_up", t_gu, 2.0 * 2 * inter * h / t_gu / 1e6);

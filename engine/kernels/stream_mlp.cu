@@ -19,6 +19,7 @@ namespace graphdecode {
 namespace {
 
 using detail::float_to_bf16_bits;
+using detail::mbar_arrive;
 using detail::mbar_init;
 using detail::mbar_wait;
 using detail::round_bf16;
@@ -122,6 +123,75 @@ __device__ __forceinline__ void stamp(const Params& p, Stamp at) {
   if (p.trace != nullptr) p.trace[blockIdx.x * kStreamMlpStamps + at] = global_ns();
 }
 
+// The CUDA-core consumers (StreamMlpArgs::fma, rows <= kFmaMaxRows): warp cw takes W row cw of
+// each stage of a tile, lane l its 16-byte chunks l, l + 32, ..., and multiplies them by x with
+// fp32 FMAs: no mma that multiplies 15 zero rows of x at B = 1 (a 32 KB stage took ~0.72 us on
+// the tensor cores, bench/NOTES.md 114) and no barrier of the consumers a tile, since each warp
+// owns whole outputs. Four partial sums a row (odd / even chunk, odd / even element), then a
+// fixed xor tree over the warp: every lane gets sum[m], x row m's dot product with W row cw.
+// Not the mma path's order, so not its bits; deterministic (graph == eager).
+constexpr int kFmaMaxRows = 2;
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ void fma_row_sums(const RingShape& r, const unsigned char* ring,
+                                             std::uint64_t* full, std::uint64_t* empty,
+                                             RingCursor& cur, const unsigned char* xs,
+                                             int x_row_bytes, int k, int chunks, int rows, int cw,
+                                             int lane, float (&sum)[kFmaMaxRows]) {
+  float lo[kFmaMaxRows][2] = {}, hi[kFmaMaxRows][2] = {};
+  for (int c = 0; c < chunks; ++c) {
+    const int nch = min(r.chunk_k, k - c * r.chunk_k) / 8;  // 16-byte chunks of the stage rows
+    mbar_wait(&full[cur.s], cur.phase);
+    const unsigned char* wrow = ring + cur.s * r.stage_bytes + cw * r.stage_row_bytes;
+    const unsigned char* xk = xs + c * r.chunk_k * 2;
+    // Chunks ch and ch + 32 into separate sums (compile-time indices: no local memory).
+    const auto chunk = [&](int ch, float(&a)[kFmaMaxRows][2]) {
+      float wf[8];
+      unpack8(*reinterpret_cast<const uint4*>(wrow + ch * 16), wf);
+#pragma unroll
+      for (int m = 0; m < kFmaMaxRows; ++m) {
+        if (m >= rows) break;
+        float xf[8];
+        unpack8(*reinterpret_cast<const uint4*>(xk + m * x_row_bytes + ch * 16), xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[m][e & 1] = fmaf(wf[e], xf[e], a[m][e & 1]);
+      }
+    };
+    for (int ch = lane; ch < nch; ch += 64) {
+      chunk(ch, lo);
+      if (ch + 32 < nch) chunk(ch + 32, hi);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[cur.s]);  // this warp is done with stage s
+    cur.advance(r.stages);
+  }
+#pragma unroll
+  for (int m = 0; m < kFmaMaxRows; ++m) {
+    float v = (lo[m][0] + lo[m][1]) + (hi[m][0] + hi[m][1]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    sum[m] = v;
+  }
+}
+
+// sum[lane] for lanes < kFmaMaxRows (registers, not a local-memory index).
+__device__ __forceinline__ float row_of(const float (&sum)[kFmaMaxRows], int lane) {
+  float v = 0.f;
+#pragma unroll
+  for (int m = 0; m < kFmaMaxRows; ++m)
+    if (m == lane) v = sum[m];
+  return v;
+}
+
+template <bool kFma>
 __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
@@ -207,6 +277,20 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
     mbar_wait(&full[cur.s], cur.phase);
     const int a = stage_tag[cur.s];
     if (a == kDownTag) break;
+    if constexpr (kFma) {
+      float gate[kFmaMaxRows], up[kFmaMaxRows];
+      fma_row_sums(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, p.rows,
+                   cw, lane, gate);
+      fma_row_sums(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, p.rows,
+                   cw, lane, up);
+      const int col = a * kTileRows + cw;
+      if (lane < p.rows && col < p.inter)
+        p.act[static_cast<std::size_t>(lane) * p.inter + col] = float_to_bf16_bits(
+            swiglu_value(round_bf16(row_of(gate, lane)), round_bf16(row_of(up, lane))));
+      if (ct == 0 && first) stamp(p, kFirstTile);
+      first = false;
+      continue;
+    }
     float acc0, acc1;
     tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
                   lane, x_row, acc0, acc1);
@@ -234,6 +318,32 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
           [](const std::uint16_t* at) { return __ldcg(reinterpret_cast<const uint4*>(at)); });
   if (ct == 0) stamp(p, kActStaged);
 
+  if constexpr (kFma) {
+    float sq = 0.f;  // lane r < rows: x row r's squares over this warp's columns
+    for (int tile = db; tile < de; ++tile) {
+      float sum[kFmaMaxRows];
+      fma_row_sums(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.inter, p.down_chunks,
+                   p.rows, cw, lane, sum);
+      const int col = tile * kTileRows + cw;
+      if (lane < p.rows && col < p.hidden) {
+        const std::size_t at = static_cast<std::size_t>(lane) * p.hidden + col;
+        const std::uint16_t yb = float_to_bf16_bits(row_of(sum, lane));
+        p.y[at] = yb;
+        if (p.residual != nullptr) sq += add_residual(p.residual, at, yb);
+      }
+    }
+    if (p.residual != nullptr) {  // the CTA's part: the 8 warps' squares in warp order
+      if (lane < p.rows) red[cw * kFmaMaxRows + lane] = sq;
+      consumers_sync();
+      if (ct < p.rows) {
+        float t = 0.f;
+        for (int w = 0; w < kConsumerWarps; ++w) t += red[w * kFmaMaxRows + ct];
+        p.sum_sq_out[blockIdx.x * p.rows + ct] = t;
+      }
+    }
+    if (ct == 0) stamp(p, kEnd);
+    return;
+  }
   float sq = 0.f;
   for (int tile = db; tile < de; ++tile) {
     float acc0, acc1;
@@ -310,12 +420,16 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   GD_REQUIRE((a.residual == nullptr) == (a.sum_sq_out == nullptr), "sum_sq_out",
              a.sum_sq_out == nullptr ? "nullptr" : "set",
              "the residual epilogue needs both residual and sum_sq_out, or neither");
+  GD_REQUIRE(!a.fma || a.rows <= kFmaMaxRows, "rows", a.rows,
+             "the CUDA-core consumers (fma) take 1.." + std::to_string(kFmaMaxRows) + " rows");
   GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid's four zeroed words");
   GD_REQUIRE(reinterpret_cast<std::uintptr_t>(a.sync) % 8 == 0, "sync", a.sync,
              "must be 8-byte aligned (a 64-bit arrival count)");
   static const bool opted_in = [&] {
-    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 dev.max_smem));
+    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
+    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel<true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
     return true;
   }();
   static_cast<void>(opted_in);
@@ -350,8 +464,9 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
       static_cast<std::size_t>(kMlpFixedBytes + x_region_bytes(a.rows, a.hidden, a.inter)) +
       static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
   const dim3 grid(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden)));
+  void (*kernel)(Params) = a.fma ? stream_mlp_kernel<true> : stream_mlp_kernel<false>;
   if (!a.cooperative) {
-    launch_pdl(stream_mlp_kernel, grid, dim3(kThreads), smem, stream, p);
+    launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p);
     return;
   }
   cudaLaunchConfig_t cfg{};
@@ -366,7 +481,7 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  GD_CUDA(cudaLaunchKernelEx(&cfg, stream_mlp_kernel, p));
+  GD_CUDA(cudaLaunchKernelEx(&cfg, kernel, p));
   GD_CHECK_LAUNCH();
 }
 

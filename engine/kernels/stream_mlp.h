@@ -66,6 +66,11 @@ struct StreamMlpArgs {
   // holding the SMs. Written 2026-11-29 after the session's device time ran out: not yet run
   // (test_stream_mlp_gpu's CooperativeLaunchGivesTheSameBits is its first check).
   bool cooperative = false;
+  // Rows 1..2: consumers on CUDA cores (fp32 FMA, a warp a W row) instead of m16n8k16, whose 16
+  // rows are 15 zeros at B = 1. Deterministic, within float64 bounds, but not the four kernels'
+  // bits. Written 2026-11-29 after the device time ran out: not yet run (test_stream_mlp_gpu's
+  // FmaConsumersMatchFloat64 is its first check).
+  bool fma = false;
 };
 
 // True when stream_mlp takes (rows, hidden, inter) on `dev`: 1 <= rows <= 8, hidden and inter

@@ -9,14 +9,18 @@
 // - Graph: two blocks back to back (the second reads the first's residual) captured once and
 //   replayed on fresh inputs equal eager runs; the grid barrier resets itself.
 // - A cooperative launch (StreamMlpArgs::cooperative): the same bits, eager and in a graph.
+// - CUDA-core consumers (StreamMlpArgs::fma, rows 1-2): float64 bounds, the residual and the
+//   squares, the same bits twice.
 // - Bad arguments: a graphdecode::Error naming the field.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/reference.h"
@@ -385,6 +389,65 @@ TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
 
+// StreamMlpArgs::fma (CUDA-core consumers, rows 1-2): act and y within the float64 bounds, the
+// residual bf16(residual + y), each CTA's squares within fp32 of the float64 sum over its columns
+// (the stream GEMV's column split), and the same bits when run twice.
+TEST_F(StreamMlpGpu, FmaConsumersMatchFloat64) {
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  DeviceBuffer<std::int32_t> flag(1);
+  flag.fill_bytes(0, s.get());
+  for (const auto& [h, inter] : {std::pair{2048, 8192}, std::pair{264, 1000}}) {
+    const Weights w = make_weights(rng, h, inter, s.get());
+    DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
+    sync.fill_bytes(0, s.get());
+    std::uint64_t arrivals = 0;
+    for (int rows : {1, 2}) {
+      SCOPED_TRACE("hidden " + std::to_string(h) + " rows " + std::to_string(rows));
+      const Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
+      const std::vector<float> sq_in = split_squares(res, rows, h, kParts);
+      BlockBuffers b, again;
+      make_block(dev, w, rows, res, sq_in, sync, flag, b, s.get());
+      make_block(dev, w, rows, res, sq_in, sync, flag, again, s.get());
+      b.args.fma = again.args.fma = true;
+      stream_mlp(dev, b.args, s.get());
+      stream_mlp(dev, again.args, s.get());
+      arrivals += 2ull * stream_mlp_grid(dev, h);
+      const Outputs got = read_block(b, s.get()), got2 = read_block(again, s.get());
+      expect_near_float64(w, rows, res, got);
+      ASSERT_EQ(got.act, got2.act) << "act differs between two runs";
+      ASSERT_EQ(got.y, got2.y) << "y differs between two runs";
+      const auto cells = static_cast<std::size_t>(rows) * h;
+      for (std::size_t i = 0; i < cells; ++i)
+        ASSERT_EQ(got.residual[i],
+                  reference::float_to_bf16(bf16_to_float(res[i]) + bf16_to_float(got.y[i])))
+            << "residual element " << i;
+      for (std::size_t i = cells; i < res.size(); ++i)
+        ASSERT_EQ(got.residual[i], res[i]) << "guard row element " << i - cells;
+      const int parts = stream_mlp_grid(dev, h), tiles = (h + 7) / 8;
+      for (int p = 0; p < parts; ++p) {
+        const int c0 = static_cast<int>(static_cast<std::int64_t>(p) * tiles / parts) * 8;
+        const int c1 =
+            std::min(h, static_cast<int>(static_cast<std::int64_t>(p + 1) * tiles / parts) * 8);
+        for (int r = 0; r < rows; ++r) {
+          double want = 0;
+          for (int c = c0; c < c1; ++c) {
+            const double v = bf16_to_float(got.residual[static_cast<std::size_t>(r) * h + c]);
+            want += v * v;
+          }
+          const float part = got.sq[static_cast<std::size_t>(p) * rows + r];
+          ASSERT_TRUE(std::isfinite(part)) << "part " << p << " row " << r << " unwritten";
+          EXPECT_NEAR(part, want, 1e-5 * want + 1e-30) << "part " << p << " row " << r;
+        }
+      }
+    }
+    expect_launches(to_host(sync, s.get()), arrivals);
+  }
+  EXPECT_EQ(to_host(flag, s.get())[0], 0);
+}
+
 TEST_F(StreamMlpGpu, BadArgumentsAreRefusedByName) {
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
@@ -422,6 +485,11 @@ TEST_F(StreamMlpGpu, BadArgumentsAreRefusedByName) {
   EXPECT_EQ(field([](StreamMlpArgs& a) { a.eps = 0.f; }), "eps");
   EXPECT_EQ(field([&](StreamMlpArgs& a) { a.residual = x.data(); }), "sum_sq_out");
   EXPECT_EQ(field([](StreamMlpArgs& a) { a.sync = nullptr; }), "sync");
+  EXPECT_EQ(field([](StreamMlpArgs& a) {
+              a.fma = true;
+              a.rows = 3;
+            }),
+            "rows");
   EXPECT_EQ(field([&](StreamMlpArgs& a) { a.sync = sync.data() + 1; }), "sync");
   // x of 8 rows of 16384 does not leave four stages.
   EXPECT_FALSE(stream_mlp_supported(dev, 8, 2048, 16384));
