@@ -218,7 +218,11 @@ bool LlamaModel::fuses_input_norm(std::int32_t rows) const {
 }
 
 bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
-  if (!stream_mlp_ || rows > stream_mlp_max_rows_ || !fuses_input_norm(rows)) return false;
+  return fuses_input_norm(rows) && mlp_block_fits(rows);
+}
+
+bool LlamaModel::mlp_block_fits(std::int32_t rows) const {
+  if (!stream_mlp_ || rows > stream_mlp_max_rows_) return false;
   const std::int32_t h = config_.hidden_size;
   if (!gemm_.fuses_mlp(rows, h, config_.intermediate_size)) return false;
   for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -374,7 +378,7 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
 
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
-  const bool one_grid_mlp = fuse && fuses_mlp_block(rows);
+  const bool one_grid_mlp = fuse && mlp_block_fits(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {

@@ -144,6 +144,8 @@ class LlamaModel {
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
+  // fuses_mlp_block's own conditions, past fuses_input_norm (forward has that one already).
+  bool mlp_block_fits(std::int32_t rows) const;
   // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
   // o_adds: the o projection adds its output to residual_ and leaves sum_sq_ (fuses_mlp_block).
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,

@@ -16,6 +16,7 @@
 #include "common/ll_words.cuh"
 #include "common/pdl.cuh"
 #include "common/stream.h"
+#include "graphs/cuda_graph.h"
 #include "support/gpu_test.h"
 
 namespace graphdecode {
@@ -124,19 +125,12 @@ TEST_F(LlWordsGpu, ReaderThatNeverWaitsGetsThisEpochsWordsEagerAndReplayed) {
     rig.launch(s.get(), kMaxPolls, 0);
     early += check_epoch(rig, ++e, s.get());
   }
-  cudaGraph_t graph = nullptr;
-  GD_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  rig.launch(s.get(), kMaxPolls, 0);
-  GD_CUDA(cudaStreamEndCapture(s.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const CudaGraph graph = CudaGraph::capture(s.get(), [&] { rig.launch(s.get(), kMaxPolls, 0); });
   for (int replay = 0; replay < 20; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
-    GD_CUDA(cudaGraphLaunch(exec, s.get()));
+    graph.launch(s.get());
     early += check_epoch(rig, ++e, s.get());
   }
-  GD_CUDA(cudaGraphExecDestroy(exec));
-  GD_CUDA(cudaGraphDestroy(graph));
   // With PDL the reader starts while the writer sleeps: it must have met older tags.
   if (pdl_enabled()) EXPECT_GT(early, 0) << "the reader never polled ahead of the writer";
 }

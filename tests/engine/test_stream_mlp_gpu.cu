@@ -32,6 +32,7 @@
 #include "engine/kernels/stream_gemv.h"
 #include "engine/kernels/stream_mlp.h"
 #include "gemm_test_data.h"
+#include "graphs/cuda_graph.h"
 #include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
@@ -148,6 +149,15 @@ void make_block(const SkinnyGemmDevice& dev, const Weights& w, int rows, const B
 
 Outputs read_block(BlockBuffers& b, cudaStream_t s) {
   return {to_host(b.act, s), to_host(b.y, s), to_host(b.res, s), to_host(b.sq_out, s)};
+}
+
+// Fresh residual rows and their squares into a block's inputs (before a graph replay).
+void upload_inputs(BlockBuffers& b, const Bits& res, const std::vector<float>& sq_in,
+                   cudaStream_t s) {
+  GD_CUDA(cudaMemcpyAsync(b.res.data(), res.data(), res.size() * sizeof(res[0]),
+                          cudaMemcpyHostToDevice, s));
+  GD_CUDA(cudaMemcpyAsync(b.sq_in.data(), sq_in.data(), sq_in.size() * sizeof(sq_in[0]),
+                          cudaMemcpyHostToDevice, s));
 }
 
 // The same bits (the guard part is a NaN pattern, which == would call unequal).
@@ -307,23 +317,17 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   b2.args.sum_sq_in = b1.sq_out.data();
   b2.args.parts = stream_mlp_grid(dev, h);
   b2.args.sum_sq_out = b2.sq_out.data();
-  cudaGraph_t graph = nullptr;
   GD_CUDA(cudaStreamSynchronize(s.get()));
-  GD_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  stream_mlp(dev, b1.args, s.get());
-  stream_mlp(dev, b2.args, s.get());
-  GD_CUDA(cudaStreamEndCapture(s.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const CudaGraph graph = CudaGraph::capture(s.get(), [&] {
+    stream_mlp(dev, b1.args, s.get());
+    stream_mlp(dev, b2.args, s.get());
+  });
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
     const std::vector<float> sq_in = split_squares(res, rows, h, kParts);
-    GD_CUDA(cudaMemcpyAsync(b1.res.data(), res.data(), res.size() * 2, cudaMemcpyHostToDevice,
-                            s.get()));
-    GD_CUDA(cudaMemcpyAsync(b1.sq_in.data(), sq_in.data(), sq_in.size() * 4, cudaMemcpyHostToDevice,
-                            s.get()));
-    GD_CUDA(cudaGraphLaunch(exec, s.get()));
+    upload_inputs(b1, res, sq_in, s.get());
+    graph.launch(s.get());
     // Eager: the first block's chain, then the second's on its outputs.
     const Outputs want1 = run_chain(dev, w1, rows, res, sq_in, kParts, s.get());
     const Outputs want2 = run_chain(dev, w2, rows, want1.residual,
@@ -335,8 +339,6 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
     ASSERT_EQ(to_host(b2.y, s.get()), want2.y) << "block 2 y";
     ASSERT_TRUE(same_bits(to_host(b2.sq_out, s.get()), want2.sq)) << "block 2 squares";
   }
-  GD_CUDA(cudaGraphExecDestroy(exec));
-  GD_CUDA(cudaGraphDestroy(graph));
   expect_launches(to_host(sync1, s.get()), 3ull * stream_mlp_grid(dev, h));
   expect_launches(to_host(sync2, s.get()), 3ull * stream_mlp_grid(dev, h));
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
@@ -363,28 +365,18 @@ TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
   stream_mlp(dev, b.args, s.get());
   expect_same(read_block(b, s.get()), run_chain(dev, w, rows, res, sq_in, kParts, s.get()), rows, h,
               inter);
-  cudaGraph_t graph = nullptr;
   GD_CUDA(cudaStreamSynchronize(s.get()));
-  GD_CUDA(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  stream_mlp(dev, b.args, s.get());
-  GD_CUDA(cudaStreamEndCapture(s.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  GD_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const CudaGraph graph = CudaGraph::capture(s.get(), [&] { stream_mlp(dev, b.args, s.get()); });
   for (int replay = 0; replay < 2; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
     sq_in = split_squares(res, rows, h, kParts);
-    GD_CUDA(
-        cudaMemcpyAsync(b.res.data(), res.data(), res.size() * 2, cudaMemcpyHostToDevice, s.get()));
-    GD_CUDA(cudaMemcpyAsync(b.sq_in.data(), sq_in.data(), sq_in.size() * 4, cudaMemcpyHostToDevice,
-                            s.get()));
-    GD_CUDA(cudaGraphLaunch(exec, s.get()));
+    upload_inputs(b, res, sq_in, s.get());
+    graph.launch(s.get());
     const Outputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
     ASSERT_EQ(to_host(b.y, s.get()), want.y) << "y";
     ASSERT_EQ(to_host(b.res, s.get()), want.residual) << "residual";
   }
-  GD_CUDA(cudaGraphExecDestroy(exec));
-  GD_CUDA(cudaGraphDestroy(graph));
   expect_launches(to_host(sync, s.get()), 3ull * stream_mlp_grid(dev, h));
   EXPECT_EQ(to_host(flag, s.get())[0], 0);
 }
