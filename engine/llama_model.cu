@@ -108,11 +108,11 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_SWIGLU"))
     fuse_swiglu_ = std::strcmp(fuse, "0") != 0;
   if (const char* mlp = std::getenv("GRAPHDECODE_STREAM_MLP")) {
-    stream_mlp_ = std::strcmp(mlp, "1") == 0 || std::strcmp(mlp, "all") == 0;
+    stream_mlp_ = std::strcmp(mlp, "0") != 0;
     if (std::strcmp(mlp, "all") == 0) stream_mlp_max_rows_ = kSkinnyMaxRows;
   }
   if (const char* coop = std::getenv("GRAPHDECODE_STREAM_MLP_COOP"))
-    stream_mlp_cooperative_ = std::strcmp(coop, "1") == 0;
+    stream_mlp_cooperative_ = std::strcmp(coop, "0") != 0;
   if (const char* fma = std::getenv("GRAPHDECODE_STREAM_MLP_FMA"))
     stream_mlp_fma_ = std::strcmp(fma, "1") == 0;
   mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *

@@ -138,7 +138,7 @@ class LlamaModel {
   // True when a step of `rows` rows also runs each MLP block in one grid (Gemm::fuses_mlp,
   // engine/kernels/stream_mlp.h; the o projection then adds its output to the residual and leaves
   // the squares the block's norm reads): fuses_input_norm, every o projection takes the stream
-  // GEMV without a bias, and GRAPHDECODE_STREAM_MLP asked for it (1: rows <= 2, where it was
+  // GEMV without a bias, and GRAPHDECODE_STREAM_MLP is not 0 (default: rows <= 2, where it was
   // measured ahead; all: up to 8).
   bool fuses_mlp_block(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
@@ -199,19 +199,18 @@ class LlamaModel {
   DeviceBuffer<float> sum_sq_;
   // [layers][kStreamMlpSyncWords] each layer's MLP block's grid words (zeroed once)
   DeviceBuffer<std::uint32_t> mlp_sync_;
-  // GRAPHDECODE_STREAM_MLP when the model was made: 1 = on up to kStreamMlpMaxRows rows, all =
-  // up to 8; off otherwise. Off by default: -1 to -3.3% of the 1B step at B = 1-2 and -0.6% at B =
-  // 4 (H200, bench_decode 1B, t134; +12% at B = 8 before the barrier's rework; bench/NOTES.md 114)
-  // do not pay for what its grid barrier asks: every CTA resident at once, so a second engine or
-  // stream holding SMs would stall it until the barrier's timeout (then its error flag).
+  // GRAPHDECODE_STREAM_MLP when the model was made: 0 = off, all = up to 8 rows; otherwise on up to
+  // kStreamMlpMaxRows rows, where it was measured ahead (bench/NOTES.md 115).
   static constexpr std::int32_t kStreamMlpMaxRows = 2;
-  bool stream_mlp_ = false;
+  bool stream_mlp_ = true;
   std::int32_t stream_mlp_max_rows_ = kStreamMlpMaxRows;
-  // GRAPHDECODE_STREAM_MLP_COOP=1: the block as a cooperative launch (StreamMlpArgs::cooperative,
-  // not yet run on a device).
-  bool stream_mlp_cooperative_ = false;
-  // GRAPHDECODE_STREAM_MLP_FMA=1: its consumers on CUDA cores at rows <= 2 (StreamMlpArgs::fma,
-  // not yet run on a device).
+  // The block as a cooperative launch (StreamMlpArgs::cooperative): the driver places every CTA
+  // at once, which its grid barrier needs even when another stream or process holds SMs; it costs
+  // nothing measurable (probe_stream_mlp_trace, t136). GRAPHDECODE_STREAM_MLP_COOP=0: a plain PDL
+  // launch (A/B runs).
+  bool stream_mlp_cooperative_ = true;
+  // GRAPHDECODE_STREAM_MLP_FMA=1: its consumers on CUDA cores at rows <= 2 (StreamMlpArgs::fma):
+  // -1.7% for the block at rows 1, +12% at rows 2 (probe_stream_mlp_trace, t136).
   static constexpr std::int32_t kStreamMlpFmaMaxRows = 2;
   bool stream_mlp_fma_ = false;
   bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)

@@ -200,10 +200,11 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   unsigned char* xs = smem + kMlpFixedBytes;
   unsigned char* ring = xs + p.rows * p.x_row_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // The act tiles (a gate and an up tile each) are claimed from sync[kClaims] by the producers
-  // while they stream (one CTA's copies land slower than another's; with a fixed share the grid
-  // waited ~3 us on its slowest CTA at B = 1: probe_stream_mlp_trace). The down tiles are the
-  // stream GEMV's over the same grid, [db, de), so the squares' parts match its.
+  // The act tiles (a gate and an up tile each) past the ring's first fill are claimed from
+  // sync[kClaims] by the producers while they stream (one CTA's copies land slower than another's;
+  // with a fixed share the grid waited ~3 us on its slowest CTA at B = 1: probe_stream_mlp_trace).
+  // The down tiles are the stream GEMV's over the same grid, [db, de), so the squares' parts match
+  // its.
   const int db = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.out_tiles / gridDim.x);
   const int de =
       static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.out_tiles / gridDim.x);
@@ -221,27 +222,46 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   if (warp == 0) {  // producer: the gate and up tiles of each act tile claimed, then the down tiles
     if (lane == 0) stamp(p, kEntry);
     int i = 0;  // items issued: the ring's stage and phase
+    bool waited = false;
+    const auto wait_for_prior_grid = [&] {
+      if (waited) return;
+      pdl_wait_for_prior_grid();
+      pdl_launch_dependents();
+      waited = true;
+    };
     const auto issue = [&](const std::uint16_t* w, int k, int row0, int valid, int c, int tag) {
-      if (i == p.ring.stages) {  // the first fill before the wait, as the stream GEMV
-        pdl_wait_for_prior_grid();
-        pdl_launch_dependents();
-      }
+      if (i == p.ring.stages)
+        wait_for_prior_grid();  // the first fill before it, as the stream GEMV
       produce_item(p.ring, ring, full, empty, i++, w, k, row0, valid, c * p.ring.chunk_k,
                    min(p.ring.chunk_k, k - c * p.ring.chunk_k), lane, stage_tag, tag);
     };
-    // The claims count from 0 in each launch: the barrier's last arrival resets the counter (every
-    // producer's last claim, the one that fails, comes before its consumers arrive). The next
-    // claim is in flight while a tile's copies are issued.
+    const auto issue_act_tile = [&](int a) {
+      const int col0 = a * kTileRows, valid = min(kTileRows, p.inter - col0);
+      for (int up = 0; up < 2; ++up)
+        for (int c = 0; c < p.gu_chunks; ++c)
+          issue(p.w_gate_up, p.hidden, up * p.inter + col0, valid, c, a);
+    };
+    // The ring's first fill is fixed act tiles (blockIdx.x + j grid), issued before the prior grid
+    // is waited for; the claims start after it. The last arrival of a launch's barrier resets the
+    // counter (every claim of that launch, the failing one included, precedes its CTA's arrival),
+    // and a launch's claims follow the prior grid's end, so launches back to back on one `sync`
+    // (a CTA of the next may be resident early when the grid is under the SMs) never claim from a
+    // count that is still the last launch's.
+    const int fixed = max(1, p.ring.stages / (2 * p.gu_chunks));
+    for (int j = 0; j < fixed; ++j) {
+      const int a = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+      if (a < p.act_tiles) issue_act_tile(a);
+    }
+    wait_for_prior_grid();
+    // The next claim is in flight while a tile's copies are issued.
+    const std::uint32_t claimed0 = static_cast<std::uint32_t>(fixed) * gridDim.x;
     std::uint32_t next = 0;
     if (lane == 0) next = atomicAdd(p.sync + kClaims, 1u);
     for (;;) {
-      const std::uint32_t a = __shfl_sync(0xffffffffu, next, 0);
+      const std::uint32_t a = claimed0 + __shfl_sync(0xffffffffu, next, 0);
       if (a >= static_cast<std::uint32_t>(p.act_tiles)) break;
       if (lane == 0) next = atomicAdd(p.sync + kClaims, 1u);
-      const int col0 = static_cast<int>(a) * kTileRows, valid = min(kTileRows, p.inter - col0);
-      for (int up = 0; up < 2; ++up)
-        for (int c = 0; c < p.gu_chunks; ++c)
-          issue(p.w_gate_up, p.hidden, up * p.inter + col0, valid, c, static_cast<int>(a));
+      issue_act_tile(static_cast<int>(a));
     }
     if (lane == 0) stamp(p, kGateUpIssued);
     for (int tile = db; tile < de; ++tile)
@@ -249,10 +269,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
         issue(p.w_down, p.inter, tile * kTileRows, min(kTileRows, p.hidden - tile * kTileRows), c,
               kDownTag);
     if (lane == 0) stamp(p, kAllIssued);
-    if (i <= p.ring.stages) {  // the loop never reached the wait
-      pdl_wait_for_prior_grid();
-      pdl_launch_dependents();
-    }
     return;
   }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -131,8 +132,10 @@ TEST_F(LlWordsGpu, ReaderThatNeverWaitsGetsThisEpochsWordsEagerAndReplayed) {
     graph.launch(s.get());
     early += check_epoch(rig, ++e, s.get());
   }
-  // With PDL the reader starts while the writer sleeps: it must have met older tags.
-  if (pdl_enabled()) EXPECT_GT(early, 0) << "the reader never polled ahead of the writer";
+  // With PDL the reader starts while the writer sleeps: it must have met older tags. Not under
+  // compute-sanitizer (scripts/sanitize.sh sets GRAPHDECODE_SANITIZE), which runs the grids apart.
+  if (pdl_enabled() && std::getenv("GRAPHDECODE_SANITIZE") == nullptr)
+    EXPECT_GT(early, 0) << "the reader never polled ahead of the writer";
 }
 
 TEST_F(LlWordsGpu, PollOfATagNobodyWritesGivesUpAndFlags) {

@@ -330,7 +330,7 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
 }
 
 // GRAPHDECODE_STREAM_MLP=all (engine/kernels/stream_mlp.h): each decode layer's MLP block runs in
-// one grid at rows <= 8 (the default keeps the four kernels); the o projection adds the residual.
+// one grid at rows <= 8 (the default: rows <= 2); the o projection adds the residual.
 // Three replayed decode steps of 7 requests: logits within the verify-vs-decode bound of the
 // four kernels' (the post-attention norm's squares add in another order) and of float64.
 TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
@@ -355,10 +355,18 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
     const testing::ScopedEnv off("GRAPHDECODE_STREAM_MLP", "0");
     four = std::make_unique<Harness>(w, harness_options(8));
   }
+  std::unique_ptr<Harness> by_default;
+  {
+    const testing::ScopedEnv unset("GRAPHDECODE_STREAM_MLP", "");
+    unsetenv("GRAPHDECODE_STREAM_MLP");
+    by_default = std::make_unique<Harness>(w, harness_options(8));
+  }
   for (std::int32_t rows : {1, 2, 4, 8}) {
     EXPECT_EQ(one_grid->model->fuses_mlp_block(rows), !plain) << rows;
+    EXPECT_EQ(by_default->model->fuses_mlp_block(rows), !plain && rows <= 2) << rows;
     EXPECT_FALSE(four->model->fuses_mlp_block(rows)) << rows;
   }
+  by_default.reset();
   std::vector<StepRequest> oreq = one_grid->prefill(seqs), freq = four->prefill(seqs);
   const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);
   for (std::int32_t step = 0; step < 3; ++step) {
