@@ -205,9 +205,10 @@ class LlamaModel {
   bool stream_mlp_ = true;
   std::int32_t stream_mlp_max_rows_ = kStreamMlpMaxRows;
   // The block as a cooperative launch (StreamMlpArgs::cooperative): the driver places every CTA
-  // at once, which its grid barrier needs even when another stream or process holds SMs; it costs
-  // nothing measurable (probe_stream_mlp_trace, t136). GRAPHDECODE_STREAM_MLP_COOP=0: a plain PDL
-  // launch (A/B runs).
+  // at once, which its grid barrier needs even when another stream or process holds SMs. It costs
+  // ~1% of the 1B step at B = 1-2 against the plain PDL launch (bench_decode, H200, t137: B = 1
+  // L = 1024 987.2 against 978.7 us), paid for that guarantee. GRAPHDECODE_STREAM_MLP_COOP=0: the
+  // plain launch (one engine alone on the GPU; A/B runs).
   bool stream_mlp_cooperative_ = true;
   // GRAPHDECODE_STREAM_MLP_FMA=1: its consumers on CUDA cores at rows <= 2 (StreamMlpArgs::fma):
   // -1.7% for the block at rows 1, +12% at rows 2 (probe_stream_mlp_trace, t136).

@@ -63,8 +63,9 @@ struct StreamMlpArgs {
   std::int32_t inter = 0;
   // Launch with cudaLaunchAttributeCooperative beside the programmatic dependency, so the driver
   // places every CTA at once (what the grid barrier needs) instead of relying on nothing else
-  // holding the SMs. The same bits and time as the plain launch (test_stream_mlp_gpu,
-  // probe_stream_mlp_trace --coop: 34.48 against 34.18 us at rows 1, H200, t136).
+  // holding the SMs. The same bits as the plain launch (test_stream_mlp_gpu); the kernel alone
+  // takes the same time (probe_stream_mlp_trace --coop: 34.48 against 34.18 us at rows 1, H200,
+  // t136), but in a step it costs ~0.7 us a launch (bench/NOTES.md 115).
   bool cooperative = false;
   // Rows 1..2: consumers on CUDA cores (fp32 FMA, a warp a W row) instead of m16n8k16, whose 16
   // rows are 15 zeros at B = 1. Deterministic, within float64 bounds, but not the four kernels'
