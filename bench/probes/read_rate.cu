@@ -10,7 +10,9 @@
 //          contiguous slice of tiles of 8 rows (row bytes x stages as given)
 // Each mode reads `bytes` starting at a rotating offset of a 2 GiB buffer (never the L2's copy of
 // the last rep), filled with a non-zero pattern; median of `reps` launches, CUDA events around
-// each. The burst sizes show each kernel's start and end (ramp and tail), the long ones the rate.
+// each. The burst sizes show each kernel's start and end (ramp and tail), the long ones the rate;
+// the last rows split one 100 MB stream over 2 or 4 kernels back to back (plain or PDL): what a
+// kernel boundary costs a stream.
 //   build/bench/probe_read_rate [--reps N]
 #include <cuda_runtime.h>
 
@@ -23,6 +25,7 @@
 
 #include "common/buffers.h"
 #include "common/cuda_check.h"
+#include "common/pdl.cuh"
 #include "common/stream.h"
 #include "engine/kernels/stream_ring.cuh"
 
@@ -55,6 +58,7 @@ struct RingProbe {
   int tiles, row_elems;
   RingShape ring;
   unsigned* sink;
+  bool pdl;  // as the stream kernels: the first fill before the wait for the prior grid
 };
 
 __global__ void __launch_bounds__(kThreads, 1) ring_kernel(const __grid_constant__ RingProbe p) {
@@ -77,10 +81,23 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(const __grid_constant
   if (warp == 0) {
     int i = 0;
     for (int t = t0; t < t1; ++t)
-      for (int c = 0; c < chunks; ++c)
+      for (int c = 0; c < chunks; ++c) {
+        if (p.pdl && i == p.ring.stages) {
+          pdl_wait_for_prior_grid();
+          pdl_launch_dependents();
+        }
         produce_item(p.ring, ring, full, empty, i++, p.w, p.row_elems, t * kTileRows, kTileRows,
                      c * p.ring.chunk_k, p.ring.chunk_k, lane);
+      }
+    if (p.pdl && i <= p.ring.stages) {
+      pdl_wait_for_prior_grid();
+      pdl_launch_dependents();
+    }
     return;
+  }
+  if (p.pdl) {
+    pdl_wait_for_prior_grid();
+    pdl_launch_dependents();
   }
   RingCursor cur;
   unsigned acc = 0;
@@ -185,6 +202,45 @@ int main(int argc, char** argv) {
       std::snprintf(name, sizeof(name), "ring %d B rows x 8, %d stages", g.row_bytes, g.stages);
       row(name, bytes, t, static_cast<double>(p.tiles) * kTileRows * p.row_elems * 2);
     }
+  }
+  // What a kernel boundary costs a stream: 100 MB (800 tiles) as one ring kernel, then as two or
+  // four kernels back to back over the same tiles, plain launches or PDL (the second's first fill
+  // before its wait, as the engine's stream kernels), at the MLP block's geometry.
+  {
+    RingProbe p{};
+    p.row_elems = 8192;
+    p.ring.chunk_k = 2048;
+    p.ring.stage_row_bytes = 4096;
+    p.ring.stage_bytes = kTileRows * 4096;
+    p.ring.stages = 6;
+    p.sink = sink.data();
+    const std::size_t smem = kFixedBytes + static_cast<std::size_t>(6) * p.ring.stage_bytes;
+    const std::size_t tile_bytes = static_cast<std::size_t>(kTileRows) * p.row_elems * 2;
+    const int tiles = 800;
+    const std::size_t bytes = tiles * tile_bytes;
+    for (const int parts : {1, 2, 4})
+      for (const bool pdl : {false, true}) {
+        if (parts == 1 && pdl) continue;
+        const double t = time_us(bytes, [&](std::size_t off) {
+          for (int k = 0; k < parts; ++k) {
+            RingProbe q = p;
+            q.tiles = tiles / parts;
+            q.pdl = pdl;
+            q.w = reinterpret_cast<const std::uint16_t*>(reinterpret_cast<const char*>(buf.data()) +
+                                                         off + k * q.tiles * tile_bytes);
+            const dim3 grid(static_cast<unsigned>(std::min(sms, q.tiles)));
+            if (pdl)
+              launch_pdl(ring_kernel, grid, dim3(kThreads), smem, s.get(), q);
+            else
+              ring_kernel<<<grid, kThreads, smem, s.get()>>>(q);
+            GD_CHECK_LAUNCH();
+          }
+        });
+        char name[64];
+        std::snprintf(name, sizeof(name), "ring 100 MB as %d kernel%s%s", parts,
+                      parts > 1 ? "s" : "", pdl ? ", PDL" : "");
+        row(name, bytes, t, static_cast<double>(bytes));
+      }
   }
   GD_CUDA(cudaEventDestroy(a));
   GD_CUDA(cudaEventDestroy(b));
