@@ -170,6 +170,13 @@ RuntimeOptions harness_options(std::int32_t max_batch) {
   return o;
 }
 
+// A harness made while `name` is `value` (nullptr: unset): the library reads its switches then.
+std::unique_ptr<Harness> harness_with(const HostWeights& w, std::int32_t max_batch,
+                                      const char* name, const char* value) {
+  const testing::ScopedEnv env(name, value);
+  return std::make_unique<Harness>(w, harness_options(max_batch));
+}
+
 // One decode step replayed from a graph, then the same step run eagerly with the same shape
 // (tables already applied; the K/V it rewrites are the same values): logits bitwise equal.
 TEST_F(LlamaModelGpu, GraphReplayEqualsEagerBitwise) {
@@ -202,15 +209,9 @@ TEST_F(LlamaModelGpu, DenseDecodeAttentionEqualsTheBaseKernelBitwise) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 31);
   std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  std::unique_ptr<Harness> dense, base;
-  {
-    const testing::ScopedEnv on("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "1");
-    dense = std::make_unique<Harness>(w, harness_options(2));
-  }
-  {
-    const testing::ScopedEnv off("GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "0");
-    base = std::make_unique<Harness>(w, harness_options(2));
-  }
+  const std::unique_ptr<Harness> dense =
+      harness_with(w, 2, "GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "1");
+  const std::unique_ptr<Harness> base = harness_with(w, 2, "GRAPHDECODE_ATTN_DENSE_MIN_ITEMS", "0");
   std::vector<StepRequest> dreq = dense->prefill(seqs), breq = base->prefill(seqs);
   std::vector<std::int32_t> ids;
   std::vector<float> got, want;
@@ -284,6 +285,50 @@ void expect_logits_near(const HostWeights& w, const std::vector<std::vector<std:
   }
 }
 
+// prompts_for's requests, then short ones up to 7 (3-4 tokens, ids (i mul + at add) % vocab): the
+// stream GEMV's rows past 4.
+std::vector<std::vector<std::int32_t>> seven_requests(const ModelConfig& config, std::size_t mul,
+                                                      std::size_t add) {
+  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
+  while (seqs.size() < 7) {
+    const std::size_t at = seqs.size(), n = 3 + at % 2;
+    seqs.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i)
+      seqs[at][i] = static_cast<std::int32_t>((i * mul + add * at) % config.vocab_size);
+  }
+  return seqs;
+}
+
+// Racecheck runs (GRAPHDECODE_PLAIN_GEMM=1) take no GEMV, so nothing is fused.
+bool plain_gemm_forced() {
+  const char* plain = std::getenv("GRAPHDECODE_PLAIN_GEMM");
+  return plain != nullptr && std::strcmp(plain, "1") == 0;
+}
+
+// Three replayed decode steps of every request on `got` and `want` (request p's token at step s:
+// (p mul + s step_mul + add) % vocab): got's logits near want's and float64 (expect_logits_near).
+void expect_decode_steps_near(const HostWeights& w, std::vector<std::vector<std::int32_t>> seqs,
+                              Harness& got_h, Harness& want_h, std::size_t mul,
+                              std::size_t step_mul, std::size_t add) {
+  std::vector<StepRequest> greq = got_h.prefill(seqs), wreq = want_h.prefill(seqs);
+  const std::size_t vocab = static_cast<std::size_t>(w.config.vocab_size);
+  for (std::int32_t step = 0; step < 3; ++step) {
+    std::vector<std::int32_t> ids;
+    for (std::size_t p = 0; p < seqs.size(); ++p) {
+      greq[p].extend_len = wreq[p].extend_len = 1;
+      ids.push_back(static_cast<std::int32_t>(
+          (p * mul + static_cast<std::size_t>(step) * step_mul + add) % vocab));
+      seqs[p].push_back(ids.back());
+    }
+    std::vector<float> got, want;
+    ASSERT_EQ(got_h.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, greq, ids, got),
+              StepPath::kGraph);
+    ASSERT_EQ(want_h.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, wreq, ids, want),
+              StepPath::kGraph);
+    expect_logits_near(w, seqs, got, want, vocab, step);
+  }
+}
+
 // Decode steps at rows <= 8 fold each layer's input RMSNorm into the stream GEMVs around it
 // (LlamaModel::fuses_input_norm, engine/kernels/stream_gemv.h StreamGemvFusion); 7 requests here.
 // Three replayed decode steps: the fused model's logits within the verify-vs-decode bound of the
@@ -292,41 +337,15 @@ void expect_logits_near(const HostWeights& w, const std::vector<std::vector<std:
 TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 29);
-  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  while (seqs.size() < 7) {  // 5-8 rows: the stream GEMV's rows past 4; 62 of max_tokens 64
-    const std::size_t at = seqs.size(), n = 3 + at % 2;
-    seqs.emplace_back(n);
-    for (std::size_t i = 0; i < n; ++i)
-      seqs[at][i] = static_cast<std::int32_t>((i * 41 + 7 * at) % config.vocab_size);
-  }
-  const char* plain_env = std::getenv("GRAPHDECODE_PLAIN_GEMM");  // racecheck runs: no GEMV
-  const bool plain = plain_env != nullptr && std::strcmp(plain_env, "1") == 0;
+  const bool plain = plain_gemm_forced();
   Harness fused(w, harness_options(8));
-  std::unique_ptr<Harness> unfused;
-  {
-    const testing::ScopedEnv off("GRAPHDECODE_FUSE_NORM", "0");
-    unfused = std::make_unique<Harness>(w, harness_options(8));
-  }
+  const std::unique_ptr<Harness> unfused = harness_with(w, 8, "GRAPHDECODE_FUSE_NORM", "0");
   for (std::int32_t rows : {1, 2, 4, 8})
     EXPECT_EQ(fused.model->fuses_input_norm(rows), !plain) << rows;
   EXPECT_FALSE(unfused->model->fuses_input_norm(4));
-  std::vector<StepRequest> freq = fused.prefill(seqs), ureq = unfused->prefill(seqs);
-  const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);
-  for (std::int32_t step = 0; step < 3; ++step) {
-    std::vector<std::int32_t> ids;
-    for (std::size_t p = 0; p < seqs.size(); ++p) {
-      freq[p].extend_len = ureq[p].extend_len = 1;
-      ids.push_back(
-          static_cast<std::int32_t>((p * 13 + static_cast<std::size_t>(step) * 7 + 1) % vocab));
-      seqs[p].push_back(ids.back());
-    }
-    std::vector<float> got, want;
-    ASSERT_EQ(fused.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, got),
-              StepPath::kGraph);
-    ASSERT_EQ(unfused->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, ureq, ids, want),
-              StepPath::kGraph);
-    expect_logits_near(w, seqs, got, want, vocab, step);
-  }
+  // 5-8 rows: the stream GEMV's rows past 4; 62 of max_tokens 64.
+  ASSERT_NO_FATAL_FAILURE(
+      expect_decode_steps_near(w, seven_requests(config, 41, 7), fused, *unfused, 13, 7, 1));
 }
 
 // GRAPHDECODE_STREAM_MLP=all (engine/kernels/stream_mlp.h): each decode layer's MLP block runs in
@@ -336,54 +355,20 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
 TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
   const ModelConfig config = small_test_config();
   const HostWeights w = synthetic_weights(config, 31);
-  std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  while (seqs.size() < 7) {
-    const std::size_t at = seqs.size(), n = 3 + at % 2;
-    seqs.emplace_back(n);
-    for (std::size_t i = 0; i < n; ++i)
-      seqs[at][i] = static_cast<std::int32_t>((i * 37 + 5 * at) % config.vocab_size);
-  }
-  const char* plain_env = std::getenv("GRAPHDECODE_PLAIN_GEMM");  // racecheck runs: no GEMV
-  const bool plain = plain_env != nullptr && std::strcmp(plain_env, "1") == 0;
-  std::unique_ptr<Harness> one_grid;
+  const bool plain = plain_gemm_forced();
+  const std::unique_ptr<Harness> one_grid = harness_with(w, 8, "GRAPHDECODE_STREAM_MLP", "all");
+  const std::unique_ptr<Harness> four = harness_with(w, 8, "GRAPHDECODE_STREAM_MLP", "0");
   {
-    const testing::ScopedEnv on("GRAPHDECODE_STREAM_MLP", "all");
-    one_grid = std::make_unique<Harness>(w, harness_options(8));
-  }
-  std::unique_ptr<Harness> four;
-  {
-    const testing::ScopedEnv off("GRAPHDECODE_STREAM_MLP", "0");
-    four = std::make_unique<Harness>(w, harness_options(8));
-  }
-  std::unique_ptr<Harness> by_default;
-  {
-    const testing::ScopedEnv unset("GRAPHDECODE_STREAM_MLP", "");
-    unsetenv("GRAPHDECODE_STREAM_MLP");
-    by_default = std::make_unique<Harness>(w, harness_options(8));
-  }
-  for (std::int32_t rows : {1, 2, 4, 8}) {
-    EXPECT_EQ(one_grid->model->fuses_mlp_block(rows), !plain) << rows;
-    EXPECT_EQ(by_default->model->fuses_mlp_block(rows), !plain && rows <= 2) << rows;
-    EXPECT_FALSE(four->model->fuses_mlp_block(rows)) << rows;
-  }
-  by_default.reset();
-  std::vector<StepRequest> oreq = one_grid->prefill(seqs), freq = four->prefill(seqs);
-  const std::size_t vocab = static_cast<std::size_t>(config.vocab_size);
-  for (std::int32_t step = 0; step < 3; ++step) {
-    std::vector<std::int32_t> ids;
-    for (std::size_t p = 0; p < seqs.size(); ++p) {
-      oreq[p].extend_len = freq[p].extend_len = 1;
-      ids.push_back(
-          static_cast<std::int32_t>((p * 11 + static_cast<std::size_t>(step) * 5 + 2) % vocab));
-      seqs[p].push_back(ids.back());
+    const std::unique_ptr<Harness> by_default =
+        harness_with(w, 8, "GRAPHDECODE_STREAM_MLP", nullptr);
+    for (std::int32_t rows : {1, 2, 4, 8}) {
+      EXPECT_EQ(one_grid->model->fuses_mlp_block(rows), !plain) << rows;
+      EXPECT_EQ(by_default->model->fuses_mlp_block(rows), !plain && rows <= 2) << rows;
+      EXPECT_FALSE(four->model->fuses_mlp_block(rows)) << rows;
     }
-    std::vector<float> got, want;
-    ASSERT_EQ(one_grid->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, oreq, ids, got),
-              StepPath::kGraph);
-    ASSERT_EQ(four->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, want),
-              StepPath::kGraph);
-    expect_logits_near(w, seqs, got, want, vocab, step);
   }
+  ASSERT_NO_FATAL_FAILURE(
+      expect_decode_steps_near(w, seven_requests(config, 37, 5), *one_grid, *four, 11, 5, 2));
   std::int32_t flag = -1;  // no grid barrier timed out (kStreamMlpStallBit)
   GD_CUDA(
       cudaMemcpy(&flag, one_grid->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));

@@ -109,6 +109,14 @@ Outputs run_chain(const SkinnyGemmDevice& dev, const Weights& w, int rows, const
   return {to_host(act, s), to_host(y, s), to_host(dres, s), to_host(sq, s)};
 }
 
+// n zeroed elements: the grid's sync words and the error flag start at zero.
+template <typename T>
+DeviceBuffer<T> zeroed(std::size_t n, cudaStream_t s) {
+  DeviceBuffer<T> b(n);
+  b.fill_bytes(0, s);
+  return b;
+}
+
 // Device buffers of one block's launch; residual aliases x, as in the model.
 struct BlockBuffers {
   DeviceBuffer<std::uint16_t> res, act, y;
@@ -249,8 +257,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  DeviceBuffer<std::int32_t> flag(1);
-  flag.fill_bytes(0, s.get());
+  DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   struct Shape {
     int hidden, inter;
     std::vector<int> rows;
@@ -261,8 +268,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
        {Shape{2048, 8192, {1, 2, 5, 8}}, Shape{2048, 512, {1, 8}}, Shape{264, 1000, {3}}}) {
     const Weights w = make_weights(rng, sh.hidden, sh.inter, s.get());
     // One sync block per shape: every launch on one has the same grid (stream_mlp.h).
-    DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
-    sync.fill_bytes(0, s.get());
+    DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
     std::uint64_t arrivals = 0;
     for (int rows : sh.rows) {
       SCOPED_TRACE("hidden " + std::to_string(sh.hidden) + " inter " + std::to_string(sh.inter) +
@@ -302,11 +308,9 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   const Weights w1 = make_weights(rng, h, inter, s.get()),
                 w2 = make_weights(rng, h, inter, s.get());
   // One sync block per launch site, as the model's layers.
-  DeviceBuffer<std::uint32_t> sync1(kStreamMlpSyncWords), sync2(kStreamMlpSyncWords);
-  sync1.fill_bytes(0, s.get());
-  sync2.fill_bytes(0, s.get());
-  DeviceBuffer<std::int32_t> flag(1);
-  flag.fill_bytes(0, s.get());
+  DeviceBuffer<std::uint32_t> sync1 = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get()),
+                              sync2 = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
+  DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   // Block 2 reads block 1's residual and squares: the buffers of a model's layers.
   Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
   BlockBuffers b1, b2;
@@ -353,10 +357,8 @@ TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   const int h = 2048, inter = 8192, rows = 1;
   const Weights w = make_weights(rng, h, inter, s.get());
-  DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
-  sync.fill_bytes(0, s.get());
-  DeviceBuffer<std::int32_t> flag(1);
-  flag.fill_bytes(0, s.get());
+  DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
+  DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
   std::vector<float> sq_in = split_squares(res, rows, h, kParts);
   BlockBuffers b;
@@ -389,12 +391,10 @@ TEST_F(StreamMlpGpu, FmaConsumersMatchFloat64) {
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  DeviceBuffer<std::int32_t> flag(1);
-  flag.fill_bytes(0, s.get());
+  DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   for (const auto& [h, inter] : {std::pair{2048, 8192}, std::pair{264, 1000}}) {
     const Weights w = make_weights(rng, h, inter, s.get());
-    DeviceBuffer<std::uint32_t> sync(kStreamMlpSyncWords);
-    sync.fill_bytes(0, s.get());
+    DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
     std::uint64_t arrivals = 0;
     for (int rows : {1, 2}) {
       SCOPED_TRACE("hidden " + std::to_string(h) + " rows " + std::to_string(rows));

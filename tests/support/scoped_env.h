@@ -1,5 +1,6 @@
-// An environment variable set for a scope and restored after it: for the switches the library
-// reads when an object is made (GRAPHDECODE_GEMV, GRAPHDECODE_FUSE_NORM, ...).
+// An environment variable set for a scope (value nullptr: unset, the library's default) and
+// restored after it: for the switches the library reads when an object is made
+// (GRAPHDECODE_GEMV, GRAPHDECODE_FUSE_NORM, ...).
 #pragma once
 
 #include <cstdlib>
@@ -13,7 +14,10 @@ class ScopedEnv {
     const char* v = std::getenv(name);
     had_ = v != nullptr;
     if (had_) old_ = v;
-    setenv(name, value, 1);
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
     if (had_)
