@@ -103,6 +103,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p.norm_w + ch * 8));
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
+  ResidualAhead ahead;  // in flight while x is staged
+  ahead.load(p.residual, p.rows, p.n, tb, te, ct);
   stage_x(xs, p.x_row_bytes, p.x, p.rows, p.k, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw, lane,
           ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
 
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           const std::uint16_t yb = float_to_bf16_bits(sum);
           static_cast<std::uint16_t*>(p.y)[at] = yb;
-          if (p.residual != nullptr) sq += add_residual(p.residual, at, yb);
+          if (p.residual != nullptr) sq += ahead.add(p.residual, at, tile - tb, yb);
         }
       }
     }

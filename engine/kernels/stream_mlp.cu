@@ -278,6 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
   if (ct == 0) stamp(p, kWaited);
+  ResidualAhead ahead;  // down's epilogue entries (o's kernel wrote them), in flight from here
+  if (!kFma) ahead.load(p.residual, p.rows, p.hidden, db, de, ct);
   stage_x(xs, p.x_row_bytes, p.x, p.rows, p.hidden, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw,
           lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
   if (ct == 0) stamp(p, kXStaged);
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
         const std::size_t at = static_cast<std::size_t>(lane) * p.hidden + col;
         const std::uint16_t yb = float_to_bf16_bits(row_of(sum, lane));
         p.y[at] = yb;
-        if (p.residual != nullptr) sq += add_residual(p.residual, at, yb);
+        if (p.residual != nullptr) sq += add_residual(p.residual, at, p.residual[at], yb);
       }
     }
     if (p.residual != nullptr) {  // the CTA's part: the 8 warps' squares in warp order
@@ -371,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
       const std::size_t at = static_cast<std::size_t>(m) * p.hidden + col;
       const std::uint16_t yb = float_to_bf16_bits(sum);
       p.y[at] = yb;
-      if (p.residual != nullptr) sq += add_residual(p.residual, at, yb);
+      if (p.residual != nullptr) sq += ahead.add(p.residual, at, tile - db, yb);
     }
   }
   if (p.residual != nullptr) store_squares(sq, p.sum_sq_out, p.rows, ct);

@@ -224,14 +224,50 @@ __device__ __forceinline__ float tile_sum(float* red, int parity, int cw, int la
   return sum;
 }
 
-// The residual epilogue of one output (StreamGemvFusion): residual[at] = bf16(residual[at] + y),
-// as rmsnorm_kernel's add rounds; returns the new residual's square for the CTA's sum.
+// The residual epilogue of one output (StreamGemvFusion): residual[at] = bf16(old + y), old the
+// residual's value there, as rmsnorm_kernel's add rounds; returns the new residual's square for
+// the CTA's sum.
 __device__ __forceinline__ float add_residual(std::uint16_t* residual, std::size_t at,
-                                              std::uint16_t yb) {
-  const float r = round_bf16(bf16_bits_to_float(residual[at]) + bf16_bits_to_float(yb));
+                                              std::uint16_t old, std::uint16_t yb) {
+  const float r = round_bf16(bf16_bits_to_float(old) + bf16_bits_to_float(yb));
   residual[at] = float_to_bf16_bits(r);
   return r * r;
 }
+
+// The residual entries a thread's epilogue adds to in its CTA's first kAheadTiles tiles (tiles
+// t0, t0 + 1, .. of 8 columns; thread ct < kTileCells takes row ct / 8, column ct % 8), read
+// once before the tiles' products. Read after each tile's sum, the load was a global round trip
+// on warp 0's path every tile (~0.5-1 us under the stream's load), which the other consumers then
+// waited for at the next tile's barrier. A CTA past kAheadTiles tiles reads the rest in place.
+// Only this CTA writes these entries in the grid; the caller reads after its PDL wait.
+constexpr int kAheadTiles = 4;
+struct ResidualAhead {
+  std::uint16_t v[kAheadTiles] = {};
+  __device__ __forceinline__ void load(const std::uint16_t* residual, int rows, int n, int t0,
+                                       int t1, int ct) {
+    const int m = ct / kTileRows;
+    if (residual == nullptr || ct >= kTileCells || m >= rows) return;
+#pragma unroll
+    for (int i = 0; i < kAheadTiles; ++i) {
+      const int col = (t0 + i) * kTileRows + ct % kTileRows;
+      if (t0 + i < t1 && col < n) v[i] = residual[static_cast<std::size_t>(m) * n + col];
+    }
+  }
+  // residual[at] += yb for the CTA's tile i (0-based), as add_residual.
+  __device__ __forceinline__ float add(std::uint16_t* residual, std::size_t at, int i,
+                                       std::uint16_t yb) const {
+    std::uint16_t old = 0;
+    bool ahead = false;
+#pragma unroll
+    for (int j = 0; j < kAheadTiles; ++j)  // a select chain: v stays in registers
+      if (j == i) {
+        old = v[j];
+        ahead = true;
+      }
+    if (!ahead) old = residual[at];
+    return add_residual(residual, at, old, yb);
+  }
+};
 
 // Threads ct = 8 m + c (two whole warps) hold row m's squares by column c: a fixed xor tree over
 // the 8 lanes of the row, then this CTA's part sum_sq_out[cta][m].
