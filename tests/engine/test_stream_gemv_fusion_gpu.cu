@@ -59,7 +59,9 @@ TEST_F(StreamGemvFusionGpu, ResidualEpilogueAddsAndLeavesEachCtasSquares) {
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   const int k = 2048;
-  for (int n : {2048, 1000, 264}) {
+  // 8196: 1025 tiles, so every CTA has more than ResidualAhead's 4 (the rest read in place), the
+  // last one partial.
+  for (int n : {2048, 1000, 264, 8196}) {
     const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, false);
     auto dw = to_device(w, s);
     for (int rows : {1, 3, 4, 8}) {
