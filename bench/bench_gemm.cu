@@ -323,10 +323,5 @@ int run_main(int argc, char** argv) {
 }  // namespace graphdecode::bench
 
 int main(int argc, char** argv) {
-  try {
-    return graphdecode::bench::run_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_gemm: %s\n", e.what());
-    return 1;
-  }
+  return graphdecode::bench::bench_main("bench_gemm", argc, argv, graphdecode::bench::run_main);
 }

@@ -326,10 +326,6 @@ int run(int argc, char** argv) {
 }  // namespace graphdecode::bench
 
 int main(int argc, char** argv) {
-  try {
-    return graphdecode::bench::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "probe_decode_timeline: %s\n", e.what());
-    return 1;
-  }
+  return graphdecode::bench::bench_main("probe_decode_timeline", argc, argv,
+                                        graphdecode::bench::run);
 }
