@@ -34,7 +34,6 @@ namespace {
 
 using namespace detail::ring;
 using detail::mbar_arrive;
-using detail::mbar_init;
 using detail::mbar_wait;
 
 constexpr std::size_t kBufferBytes = std::size_t{2} << 30;
@@ -69,14 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(const __grid_constant
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t0 = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.tiles / gridDim.x);
   const int t1 = static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.tiles / gridDim.x);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < p.ring.stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(full, empty, p.ring.stages);
   const int chunks = p.row_elems / p.ring.chunk_k;
   if (warp == 0) {
     int i = 0;

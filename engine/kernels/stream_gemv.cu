@@ -19,7 +19,6 @@ namespace graphdecode {
 namespace {
 
 using detail::float_to_bf16_bits;
-using detail::mbar_init;
 using namespace detail::ring;  // the CTA's shape, the ring and the tile code (stream_ring.cuh)
 
 // k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs up to the cap
@@ -65,14 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int te = static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.tiles / gridDim.x);
   const int items = (te - tb) * p.chunks;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < p.ring.stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(full, empty, p.ring.stages);
 
   if (warp == 0) {  // producer: item i = (tile tb + i / chunks, chunk i % chunks) into stage i % S
     for (int i = 0; i < items; ++i) {

@@ -60,6 +60,19 @@ __device__ __forceinline__ void mma(float& c0, float& c1, std::uint32_t a01, std
       : "r"(a01), "r"(0u), "r"(a45), "r"(b01), "r"(b23));
 }
 
+// The ring's barriers, made by thread 0 for `stages` stages (full: the producer's one arrival
+// and the copies' bytes; empty: one arrival per consumer warp), then the whole CTA's barrier.
+__device__ __forceinline__ void init_ring(std::uint64_t* full, std::uint64_t* empty, int stages) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // The ring's geometry for one launch: stages of kTileRows W rows x chunk_k of k.
 struct RingShape {
   std::int32_t chunk_k;          // k per stage and W row
