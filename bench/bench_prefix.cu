@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "common/device.h"
 #include "common/error.h"
 #include "engine/engine.h"
@@ -105,11 +106,7 @@ Result serve(const HostWeights& w, const Options& o, bool cache,
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Line-buffered even into a pipe, so a run cut short by `timeout` still shows its finished rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+int run_main(int argc, char** argv) {
   Options o;
   std::string json;
   for (int i = 1; i < argc; ++i) {
@@ -140,62 +137,62 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_prefix: no CUDA device\n");
     return 2;
   }
-  try {
-    GD_REQUIRE(o.requests >= 1 && o.shared >= 1 && o.own >= 1 && o.new_tokens >= 1, "options",
-               o.requests, "requests, shared, own and new-tokens must be positive");
-    const HostWeights w = synthetic_weights(llama_1b_config(), 1);
-    std::mt19937 rng(7);
-    const auto vocab = static_cast<std::uint32_t>(w.config.vocab_size);
-    std::vector<std::int32_t> system(static_cast<std::size_t>(o.shared));
-    for (auto& t : system) t = static_cast<std::int32_t>(rng() % vocab);
-    std::vector<std::vector<std::int32_t>> own(static_cast<std::size_t>(o.requests));
-    for (auto& p : own) {
-      p.resize(static_cast<std::size_t>(o.own));
-      for (auto& t : p) t = static_cast<std::int32_t>(rng() % vocab);
+  GD_REQUIRE(o.requests >= 1 && o.shared >= 1 && o.own >= 1 && o.new_tokens >= 1, "options",
+             o.requests, "requests, shared, own and new-tokens must be positive");
+  const HostWeights w = synthetic_weights(llama_1b_config(), 1);
+  std::mt19937 rng(7);
+  const auto vocab = static_cast<std::uint32_t>(w.config.vocab_size);
+  std::vector<std::int32_t> system(static_cast<std::size_t>(o.shared));
+  for (auto& t : system) t = static_cast<std::int32_t>(rng() % vocab);
+  std::vector<std::vector<std::int32_t>> own(static_cast<std::size_t>(o.requests));
+  for (auto& p : own) {
+    p.resize(static_cast<std::size_t>(o.own));
+    for (auto& t : p) t = static_cast<std::int32_t>(rng() % vocab);
+  }
+  std::printf(
+      "1B-class synthetic, %d requests: %d shared + %d own prompt tokens, %d new tokens; "
+      "max_batch %d, %d prefill tokens per step\n",
+      o.requests, o.shared, o.own, o.new_tokens, o.max_batch, o.step_tokens);
+  std::printf("%6s %10s %10s %10s %10s %10s %10s %8s %8s %9s %9s\n", "cache", "ttft p50", "p99",
+              "max ms", "wall ms", "tok/s", "prefilled", "hit %", "pf steps", "cached pg",
+              "evicted");
+  std::vector<Result> runs;
+  for (const bool cache : {false, true}) {
+    const Result r = serve(w, o, cache, system, own);
+    runs.push_back(r);
+    std::printf("%6s %10.1f %10.1f %10.1f %10.1f %10.0f %10lld %7.1f%% %8lld %9lld %9lld\n",
+                cache ? "on" : "off", r.ttft_p50_ms, r.ttft_p99_ms, r.ttft_max_ms, r.wall_ms,
+                r.tokens_per_s, static_cast<long long>(r.prefilled),
+                r.lookup_tokens ? 100.0 * r.hit_tokens / r.lookup_tokens : 0.0,
+                static_cast<long long>(r.prefill_steps), static_cast<long long>(r.cached_pages),
+                static_cast<long long>(r.evictions));
+  }
+  std::printf("cache on vs off: ttft p50 %.2fx lower, wall %.2fx lower, tok/s %.2fx\n",
+              runs[0].ttft_p50_ms / std::max(runs[1].ttft_p50_ms, 1e-9),
+              runs[0].wall_ms / std::max(runs[1].wall_ms, 1e-9),
+              runs[1].tokens_per_s / std::max(runs[0].tokens_per_s, 1e-9));
+  if (!json.empty()) {
+    std::ofstream js(json);
+    js << "{\"requests\": " << o.requests << ", \"shared\": " << o.shared << ", \"own\": " << o.own
+       << ", \"new_tokens\": " << o.new_tokens << ", \"max_batch\": " << o.max_batch
+       << ", \"step_tokens\": " << o.step_tokens << ", \"runs\": [";
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const Result& r = runs[i];
+      js << (i ? ", " : "") << "{\"cache\": " << (r.cache ? "true" : "false")
+         << ", \"ttft_p50_ms\": " << r.ttft_p50_ms << ", \"ttft_p99_ms\": " << r.ttft_p99_ms
+         << ", \"ttft_max_ms\": " << r.ttft_max_ms << ", \"wall_ms\": " << r.wall_ms
+         << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"prefilled\": " << r.prefilled
+         << ", \"hit_tokens\": " << r.hit_tokens << ", \"lookup_tokens\": " << r.lookup_tokens
+         << ", \"prefill_steps\": " << r.prefill_steps << ", \"decode_steps\": " << r.decode_steps
+         << ", \"cached_pages\": " << r.cached_pages << ", \"evictions\": " << r.evictions << "}";
     }
-    std::printf(
-        "1B-class synthetic, %d requests: %d shared + %d own prompt tokens, %d new tokens; "
-        "max_batch %d, %d prefill tokens per step\n",
-        o.requests, o.shared, o.own, o.new_tokens, o.max_batch, o.step_tokens);
-    std::printf("%6s %10s %10s %10s %10s %10s %10s %8s %8s %9s %9s\n", "cache", "ttft p50", "p99",
-                "max ms", "wall ms", "tok/s", "prefilled", "hit %", "pf steps", "cached pg",
-                "evicted");
-    std::vector<Result> runs;
-    for (const bool cache : {false, true}) {
-      const Result r = serve(w, o, cache, system, own);
-      runs.push_back(r);
-      std::printf("%6s %10.1f %10.1f %10.1f %10.1f %10.0f %10lld %7.1f%% %8lld %9lld %9lld\n",
-                  cache ? "on" : "off", r.ttft_p50_ms, r.ttft_p99_ms, r.ttft_max_ms, r.wall_ms,
-                  r.tokens_per_s, static_cast<long long>(r.prefilled),
-                  r.lookup_tokens ? 100.0 * r.hit_tokens / r.lookup_tokens : 0.0,
-                  static_cast<long long>(r.prefill_steps), static_cast<long long>(r.cached_pages),
-                  static_cast<long long>(r.evictions));
-    }
-    std::printf("cache on vs off: ttft p50 %.2fx lower, wall %.2fx lower, tok/s %.2fx\n",
-                runs[0].ttft_p50_ms / std::max(runs[1].ttft_p50_ms, 1e-9),
-                runs[0].wall_ms / std::max(runs[1].wall_ms, 1e-9),
-                runs[1].tokens_per_s / std::max(runs[0].tokens_per_s, 1e-9));
-    if (!json.empty()) {
-      std::ofstream js(json);
-      js << "{\"requests\": " << o.requests << ", \"shared\": " << o.shared
-         << ", \"own\": " << o.own << ", \"new_tokens\": " << o.new_tokens
-         << ", \"max_batch\": " << o.max_batch << ", \"step_tokens\": " << o.step_tokens
-         << ", \"runs\": [";
-      for (std::size_t i = 0; i < runs.size(); ++i) {
-        const Result& r = runs[i];
-        js << (i ? ", " : "") << "{\"cache\": " << (r.cache ? "true" : "false")
-           << ", \"ttft_p50_ms\": " << r.ttft_p50_ms << ", \"ttft_p99_ms\": " << r.ttft_p99_ms
-           << ", \"ttft_max_ms\": " << r.ttft_max_ms << ", \"wall_ms\": " << r.wall_ms
-           << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"prefilled\": " << r.prefilled
-           << ", \"hit_tokens\": " << r.hit_tokens << ", \"lookup_tokens\": " << r.lookup_tokens
-           << ", \"prefill_steps\": " << r.prefill_steps << ", \"decode_steps\": " << r.decode_steps
-           << ", \"cached_pages\": " << r.cached_pages << ", \"evictions\": " << r.evictions << "}";
-      }
-      js << "]}\n";
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_prefix: %s\n", e.what());
-    return 1;
+    js << "]}\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return graphdecode::bench::bench_main("bench_prefix", argc, argv, run_main);
 }

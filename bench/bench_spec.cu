@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "common/device.h"
 #include "common/error.h"
 #include "engine/engine.h"
@@ -123,11 +124,7 @@ std::vector<std::vector<std::int32_t>> task_prompts(std::int32_t n, std::int32_t
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Line-buffered even into a pipe, so a run cut short by `timeout` still shows its finished rows.
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+int run_main(int argc, char** argv) {
   std::string target_dir, draft_dir, eagle_dir, json;
   std::vector<std::int32_t> batches = {1, 8, 32, 64}, ks = {1, 2, 3, 4, 5};
   std::int32_t new_tokens = 128, prompt_len = 64, draft_layers = 2;
@@ -170,82 +167,82 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_spec: no CUDA device\n");
     return 2;
   }
-  try {
-    GD_REQUIRE(synthetic != !target_dir.empty(), "target", target_dir,
-               "either --synthetic or --target DIR");
-    const HostWeights target =
-        synthetic ? synthetic_weights(llama_1b_config(), 1) : load_checkpoint(target_dir);
-    HostWeights draft;
-    if (synthetic) {
-      ModelConfig c = target.config;
-      c.num_hidden_layers = draft_layers;
-      c.layers.resize(static_cast<std::size_t>(draft_layers));
-      draft = synthetic_weights(c, 1);
-    } else if (!draft_dir.empty()) {
-      draft = load_checkpoint(draft_dir);
+  GD_REQUIRE(synthetic != !target_dir.empty(), "target", target_dir,
+             "either --synthetic or --target DIR");
+  const HostWeights target =
+      synthetic ? synthetic_weights(llama_1b_config(), 1) : load_checkpoint(target_dir);
+  HostWeights draft;
+  if (synthetic) {
+    ModelConfig c = target.config;
+    c.num_hidden_layers = draft_layers;
+    c.layers.resize(static_cast<std::size_t>(draft_layers));
+    draft = synthetic_weights(c, 1);
+  } else if (!draft_dir.empty()) {
+    draft = load_checkpoint(draft_dir);
+  }
+  const EagleWeights head = eagle_dir.empty()           ? EagleWeights{}
+                            : eagle_dir == "synthetic"  ? synthetic_eagle_weights(target.config, 2)
+                            : eagle_dir == "synthetic3" ? synthetic_eagle3_weights(target.config, 2)
+                                                        : load_eagle_head(eagle_dir);
+  const EagleWeights* eagle = eagle_dir.empty() ? nullptr : &head;
+  std::mt19937 rng(7);
+  std::vector<std::vector<std::int32_t>> prompts;
+  if (synthetic) {
+    for (int i = 0; i < 16; ++i) {
+      std::vector<std::int32_t> p(static_cast<std::size_t>(prompt_len));
+      for (auto& t : p) t = static_cast<std::int32_t>(rng() % target.config.vocab_size);
+      prompts.push_back(p);
     }
-    const EagleWeights head = eagle_dir.empty()          ? EagleWeights{}
-                              : eagle_dir == "synthetic" ? synthetic_eagle_weights(target.config, 2)
-                              : eagle_dir == "synthetic3"
-                                  ? synthetic_eagle3_weights(target.config, 2)
-                                  : load_eagle_head(eagle_dir);
-    const EagleWeights* eagle = eagle_dir.empty() ? nullptr : &head;
-    std::mt19937 rng(7);
-    std::vector<std::vector<std::int32_t>> prompts;
-    if (synthetic) {
-      for (int i = 0; i < 16; ++i) {
-        std::vector<std::int32_t> p(static_cast<std::size_t>(prompt_len));
-        for (auto& t : p) t = static_cast<std::int32_t>(rng() % target.config.vocab_size);
-        prompts.push_back(p);
-      }
-    } else {
-      prompts = task_prompts(16, prompt_len, rng);
+  } else {
+    prompts = task_prompts(16, prompt_len, rng);
+  }
+  std::printf("target %d layers hidden %d, draft %d layers (%s); %d new tokens per request\n",
+              target.config.num_hidden_layers, target.config.hidden_size,
+              draft.config.num_hidden_layers,
+              lookup  ? "prompt lookup"
+              : eagle ? (head.config.eagle3() ? "EAGLE-3 head proposes" : "EAGLE head proposes")
+                      : "draft model",
+              new_tokens);
+  std::printf("%6s %7s %3s %10s %9s %9s %8s %8s %7s %7s %7s %7s %8s %8s\n", "kind", "batch", "k",
+              "tok/s", "speedup", "step us", "tok/row", "us/tok", "accept", "prep", "propose",
+              "verify", "accept", "overhead");
+  std::vector<Run> runs;
+  for (std::int32_t b : batches) {
+    const Run plain = serve(target, nullptr, nullptr, false, b, 0, prompts, new_tokens);
+    runs.push_back(plain);
+    for (std::int32_t k : ks) {
+      runs.push_back(
+          serve(target, lookup ? nullptr : &draft, eagle, lookup, b, k, prompts, new_tokens));
     }
-    std::printf("target %d layers hidden %d, draft %d layers (%s); %d new tokens per request\n",
-                target.config.num_hidden_layers, target.config.hidden_size,
-                draft.config.num_hidden_layers,
-                lookup  ? "prompt lookup"
-                : eagle ? (head.config.eagle3() ? "EAGLE-3 head proposes" : "EAGLE head proposes")
-                        : "draft model",
-                new_tokens);
-    std::printf("%6s %7s %3s %10s %9s %9s %8s %8s %7s %7s %7s %7s %8s %8s\n", "kind", "batch", "k",
-                "tok/s", "speedup", "step us", "tok/row", "us/tok", "accept", "prep", "propose",
-                "verify", "accept", "overhead");
-    std::vector<Run> runs;
-    for (std::int32_t b : batches) {
-      const Run plain = serve(target, nullptr, nullptr, false, b, 0, prompts, new_tokens);
-      runs.push_back(plain);
-      for (std::int32_t k : ks) {
-        runs.push_back(
-            serve(target, lookup ? nullptr : &draft, eagle, lookup, b, k, prompts, new_tokens));
-      }
-      for (std::size_t i = runs.size() - ks.size() - 1; i < runs.size(); ++i) {
-        const Run& r = runs[i];
-        std::printf(
-            "%6s %7d %3d %10.0f %9.2f %9.1f %8.2f %8.1f %7.3f %7.1f %7.1f %7.1f %8.1f "
-            "%7.1f%%\n",
-            r.kind.c_str(), r.batch, r.k, r.tokens_per_s, r.tokens_per_s / plain.tokens_per_s,
-            r.p50_step_us, r.tokens_per_row, r.us_per_token, r.acceptance, r.phase_us[0],
-            r.phase_us[1], r.phase_us[2], r.phase_us[3], 100.0 * r.overhead);
-      }
+    for (std::size_t i = runs.size() - ks.size() - 1; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      std::printf(
+          "%6s %7d %3d %10.0f %9.2f %9.1f %8.2f %8.1f %7.3f %7.1f %7.1f %7.1f %8.1f "
+          "%7.1f%%\n",
+          r.kind.c_str(), r.batch, r.k, r.tokens_per_s, r.tokens_per_s / plain.tokens_per_s,
+          r.p50_step_us, r.tokens_per_row, r.us_per_token, r.acceptance, r.phase_us[0],
+          r.phase_us[1], r.phase_us[2], r.phase_us[3], 100.0 * r.overhead);
     }
-    if (!json.empty()) {
-      std::ofstream js(json);
-      js << "{\"runs\": [";
-      for (std::size_t i = 0; i < runs.size(); ++i) {
-        const Run& r = runs[i];
-        js << (i ? ", " : "") << "{\"kind\": \"" << r.kind << "\", \"batch\": " << r.batch
-           << ", \"k\": " << r.k << ", \"tokens_per_s\": " << r.tokens_per_s
-           << ", \"p50_step_us\": " << r.p50_step_us << ", \"tokens_per_row\": " << r.tokens_per_row
-           << ", \"us_per_token\": " << r.us_per_token << ", \"acceptance\": " << r.acceptance
-           << ", \"phase_us\": [" << r.phase_us[0] << ", " << r.phase_us[1] << ", " << r.phase_us[2]
-           << ", " << r.phase_us[3] << "], \"overhead\": " << r.overhead << "}";
-      }
-      js << "]}\n";
+  }
+  if (!json.empty()) {
+    std::ofstream js(json);
+    js << "{\"runs\": [";
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      js << (i ? ", " : "") << "{\"kind\": \"" << r.kind << "\", \"batch\": " << r.batch
+         << ", \"k\": " << r.k << ", \"tokens_per_s\": " << r.tokens_per_s
+         << ", \"p50_step_us\": " << r.p50_step_us << ", \"tokens_per_row\": " << r.tokens_per_row
+         << ", \"us_per_token\": " << r.us_per_token << ", \"acceptance\": " << r.acceptance
+         << ", \"phase_us\": [" << r.phase_us[0] << ", " << r.phase_us[1] << ", " << r.phase_us[2]
+         << ", " << r.phase_us[3] << "], \"overhead\": " << r.overhead << "}";
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_spec: %s\n", e.what());
-    return 1;
+    js << "]}\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return graphdecode::bench::bench_main("bench_spec", argc, argv, run_main);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_stack.h"
+#include "bench_util.cuh"
 #include "common/device.h"
 #include "common/error.h"
 #include "common/stream.h"
@@ -133,9 +134,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   const char* json_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
@@ -150,105 +149,99 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string json = "{\n";
-  try {
-    Stream s;
-    // ---- 1. host time per step -----------------------------------------------------------
-    Rig host_rig(small_config(256), 64, s);
-    std::printf("host time per step (write + copy + graph launch), decode, 1-layer stack\n");
-    std::printf("%8s %12s %12s %8s\n", "batch", "median_us", "mean_us", "path");
-    json += "  \"host_us\": {";
-    const std::int32_t batches[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-    for (std::int32_t b : batches) {
-      const StepDesc d = host_rig.desc(b);
-      std::vector<double> us;
-      StepPath path = StepPath::kGraph;
-      // The device is drained before every timed step (outside the timed region): otherwise a
-      // back-to-back loop is device-bound and the host time would include waiting for the copy
-      // out of a pinned image still in flight, which is back-pressure, not host work.
-      for (int rep = 0; rep < 2000; ++rep) {
-        s.synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        path = host_rig.graphs->step(d, s.get());
-        const auto t1 = std::chrono::steady_clock::now();
-        if (rep >= 100) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      }
+  Stream s;
+  // ---- 1. host time per step -----------------------------------------------------------
+  Rig host_rig(small_config(256), 64, s);
+  std::printf("host time per step (write + copy + graph launch), decode, 1-layer stack\n");
+  std::printf("%8s %12s %12s %8s\n", "batch", "median_us", "mean_us", "path");
+  json += "  \"host_us\": {";
+  const std::int32_t batches[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  for (std::int32_t b : batches) {
+    const StepDesc d = host_rig.desc(b);
+    std::vector<double> us;
+    StepPath path = StepPath::kGraph;
+    // The device is drained before every timed step (outside the timed region): otherwise a
+    // back-to-back loop is device-bound and the host time would include waiting for the copy
+    // out of a pinned image still in flight, which is back-pressure, not host work.
+    for (int rep = 0; rep < 2000; ++rep) {
       s.synchronize();
-      double mean = 0;
-      for (double x : us) mean += x;
-      mean /= static_cast<double>(us.size());
-      std::printf("%8d %12.2f %12.2f %8s\n", b, median(us), mean,
-                  path == StepPath::kGraph ? "graph" : "eager");
-      json += (b == 1 ? "" : ", ") + std::string("\"") + std::to_string(b) +
-              "\": " + std::to_string(median(us));
+      const auto t0 = std::chrono::steady_clock::now();
+      path = host_rig.graphs->step(d, s.get());
+      const auto t1 = std::chrono::steady_clock::now();
+      if (rep >= 100) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
-    json += "},\n";
-
-    // ---- 2. prep kernels device time at batch 256 ------------------------------------------
-    {
-      host_rig.step->input().write(host_rig.desc(256));
-      host_rig.step->input().upload(s.get());
-      const StepPrep& prep = host_rig.step->prep();
-      const CudaGraph full = CudaGraph::capture(s.get(), [&] {
-        for (int i = 0; i < 100; ++i) prep.enqueue(s.get());
-      });
-      const CudaGraph meta = CudaGraph::capture(s.get(), [&] {
-        for (int i = 0; i < 100; ++i) prep.enqueue_metadata(s.get());
-      });
-      Event e0, e1;
-      double us_full = 0, us_meta = 0;
-      for (int which = 0; which < 2; ++which) {
-        const CudaGraph& g = which == 0 ? full : meta;
-        g.launch(s.get());  // warm
-        e0.record(s.get());
-        for (int i = 0; i < 10; ++i) g.launch(s.get());
-        e1.record(s.get());
-        e1.synchronize();
-        const double us = e1.elapsed_ms_since(e0) * 1000.0 / 1000.0;  // 10 x 100 preps
-        (which == 0 ? us_full : us_meta) = us;
-      }
-      std::printf("\nprep device time per step at batch 256 (graph of 100 preps)\n");
-      std::printf(
-          "  table apply (1 pool) + metadata: %.2f us\n  metadata kernel alone:          %.2f us\n",
-          us_full, us_meta);
-      json += "  \"prep_us_batch256\": " + std::to_string(us_full) +
-              ",\n  \"prep_metadata_us_batch256\": " + std::to_string(us_meta) + ",\n";
-    }
-
-    // ---- 3. replay vs eager, 32-layer stack ------------------------------------------------
-    std::printf(
-        "\n32-layer attention stack (F/S/F/C, 32q/8kv heads, dim 128, bf16, prefix 1024, "
-        "encoder 256, window_left 255), decode step time\n");
-    std::printf("%8s %12s %12s %8s\n", "batch", "replay_us", "eager_us", "speedup");
-    json += "  \"stack32\": [";
-    bool first = true;
-    for (std::int32_t b : {1, 8, 64}) {
-      Rig rig(stack32_config(b), 1024, s);
-      const StepDesc d = rig.desc(b);
-      double t[2] = {0, 0};
-      for (int mode = 0; mode < 2; ++mode) {
-        rig.graphs->set_use_graphs(mode == 0);
-        for (int i = 0; i < 5; ++i) rig.graphs->step(d, s.get());
-        s.synchronize();
-        Event e0, e1;
-        e0.record(s.get());
-        const int iters = 50;
-        for (int i = 0; i < iters; ++i) rig.graphs->step(d, s.get());
-        e1.record(s.get());
-        e1.synchronize();
-        t[mode] = e1.elapsed_ms_since(e0) * 1000.0 / iters;
-      }
-      std::printf("%8d %12.1f %12.1f %8.2f\n", b, t[0], t[1], t[1] / t[0]);
-      json += std::string(first ? "" : ", ") + "{\"batch\": " + std::to_string(b) +
-              ", \"replay_us\": " + std::to_string(t[0]) +
-              ", \"eager_us\": " + std::to_string(t[1]) +
-              ", \"graph_memory_bytes\": " + std::to_string(rig.graphs->graph_memory_bytes()) + "}";
-      first = false;
-    }
-    json += "]\n}\n";
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_step: %s\n", e.what());
-    return 1;
+    s.synchronize();
+    double mean = 0;
+    for (double x : us) mean += x;
+    mean /= static_cast<double>(us.size());
+    std::printf("%8d %12.2f %12.2f %8s\n", b, median(us), mean,
+                path == StepPath::kGraph ? "graph" : "eager");
+    json += (b == 1 ? "" : ", ") + std::string("\"") + std::to_string(b) +
+            "\": " + std::to_string(median(us));
   }
+  json += "},\n";
+
+  // ---- 2. prep kernels device time at batch 256 ------------------------------------------
+  {
+    host_rig.step->input().write(host_rig.desc(256));
+    host_rig.step->input().upload(s.get());
+    const StepPrep& prep = host_rig.step->prep();
+    const CudaGraph full = CudaGraph::capture(s.get(), [&] {
+      for (int i = 0; i < 100; ++i) prep.enqueue(s.get());
+    });
+    const CudaGraph meta = CudaGraph::capture(s.get(), [&] {
+      for (int i = 0; i < 100; ++i) prep.enqueue_metadata(s.get());
+    });
+    Event e0, e1;
+    double us_full = 0, us_meta = 0;
+    for (int which = 0; which < 2; ++which) {
+      const CudaGraph& g = which == 0 ? full : meta;
+      g.launch(s.get());  // warm
+      e0.record(s.get());
+      for (int i = 0; i < 10; ++i) g.launch(s.get());
+      e1.record(s.get());
+      e1.synchronize();
+      const double us = e1.elapsed_ms_since(e0) * 1000.0 / 1000.0;  // 10 x 100 preps
+      (which == 0 ? us_full : us_meta) = us;
+    }
+    std::printf("\nprep device time per step at batch 256 (graph of 100 preps)\n");
+    std::printf(
+        "  table apply (1 pool) + metadata: %.2f us\n  metadata kernel alone:          %.2f us\n",
+        us_full, us_meta);
+    json += "  \"prep_us_batch256\": " + std::to_string(us_full) +
+            ",\n  \"prep_metadata_us_batch256\": " + std::to_string(us_meta) + ",\n";
+  }
+
+  // ---- 3. replay vs eager, 32-layer stack ------------------------------------------------
+  std::printf(
+      "\n32-layer attention stack (F/S/F/C, 32q/8kv heads, dim 128, bf16, prefix 1024, "
+      "encoder 256, window_left 255), decode step time\n");
+  std::printf("%8s %12s %12s %8s\n", "batch", "replay_us", "eager_us", "speedup");
+  json += "  \"stack32\": [";
+  bool first = true;
+  for (std::int32_t b : {1, 8, 64}) {
+    Rig rig(stack32_config(b), 1024, s);
+    const StepDesc d = rig.desc(b);
+    double t[2] = {0, 0};
+    for (int mode = 0; mode < 2; ++mode) {
+      rig.graphs->set_use_graphs(mode == 0);
+      for (int i = 0; i < 5; ++i) rig.graphs->step(d, s.get());
+      s.synchronize();
+      Event e0, e1;
+      e0.record(s.get());
+      const int iters = 50;
+      for (int i = 0; i < iters; ++i) rig.graphs->step(d, s.get());
+      e1.record(s.get());
+      e1.synchronize();
+      t[mode] = e1.elapsed_ms_since(e0) * 1000.0 / iters;
+    }
+    std::printf("%8d %12.1f %12.1f %8.2f\n", b, t[0], t[1], t[1] / t[0]);
+    json += std::string(first ? "" : ", ") + "{\"batch\": " + std::to_string(b) +
+            ", \"replay_us\": " + std::to_string(t[0]) + ", \"eager_us\": " + std::to_string(t[1]) +
+            ", \"graph_memory_bytes\": " + std::to_string(rig.graphs->graph_memory_bytes()) + "}";
+    first = false;
+  }
+  json += "]\n}\n";
   if (json_path) {
     FILE* f = std::fopen(json_path, "w");
     if (!f) {
@@ -259,4 +252,10 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return graphdecode::bench::bench_main("bench_step", argc, argv, run_main);
 }
