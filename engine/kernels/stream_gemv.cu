@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 
@@ -19,6 +20,9 @@ namespace graphdecode {
 namespace {
 
 using detail::float_to_bf16_bits;
+using detail::mbar_arrive_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait;
 using namespace detail::ring;  // the CTA's shape, the ring and the tile code (stream_ring.cuh)
 
 // k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs up to the cap
@@ -31,6 +35,19 @@ using namespace detail::ring;  // the CTA's shape, the ring and the tile code (s
 constexpr int kChunkKs[] = {4096, 2048, 1024};
 constexpr int kDefaultMaxChunkK = 1024;
 constexpr int kMinStages = 3;
+
+// How the consumers stage x (an experiment, GRAPHDECODE_GEMV_X; bench/NOTES.md 122). kXLoads:
+// one 16-byte load a thread at a time (the default; the compiler does not hoist the next load over
+// the store to xs, so a thread's chunks are serial L2 round trips). kXBatched: kXBatch loads a
+// thread in flight, each CTA starting at its own offset (132 CTAs asking the same lines at once
+// lost 7 us in the MLP block, NOTES 117). kXMulticast (GEMVs without the norm prologue): CTA
+// pairs of a cluster each copy half of x with one bulk copy a piece, multicast to both, so the
+// L2 serves each x byte once a pair, not once a CTA (at B = 8 down's x is 131 KB a CTA).
+enum XMode : int { kXLoads = 0, kXBatched = 1, kXMulticast = 2 };
+constexpr int kXBatch = 8;
+constexpr int kXPieceBytes = 4096;  // a multicast piece of an x row
+constexpr int kXBarBytes = 16;      // the multicast's x barrier, after the ring
+constexpr int kXClusters = 2;       // CTAs that share x
 
 struct Params {
   const std::uint16_t* x;  // [rows][k]
@@ -51,6 +68,85 @@ struct Params {
   float eps;
 };
 
+// x by kXBatch loads a thread in flight (XMode kXBatched), the thread's chunks in a CTA-rotated
+// order; the norm as stage_x computes it (norm_chunk). Ends with the consumers' barrier.
+__device__ __forceinline__ void stage_x_batched(unsigned char* xs, const Params& p, float* red,
+                                                int cw, int lane, int ct) {
+  const int xch = p.k / 8, total = p.rows * xch;
+  const int rot = static_cast<int>((static_cast<std::int64_t>(blockIdx.x) * 64) % total);
+  if (p.norm_w != nullptr) {
+    inv_rms_into(red, p.sum_sq_in, p.parts, p.rows, p.k, p.eps, cw, lane);
+    consumers_sync();
+  }
+  for (int base = 0; base < total; base += kConsumerThreads * kXBatch) {
+    uint4 xv[kXBatch], wv[kXBatch];
+    int at[kXBatch];
+#pragma unroll
+    for (int j = 0; j < kXBatch; ++j) {
+      const int idx = base + j * kConsumerThreads + ct;
+      int e = idx + rot;
+      if (e >= total) e -= total;
+      at[j] = idx < total ? e : -1;
+      if (at[j] >= 0) {
+        const int r = e / xch, ch = e - r * xch;
+        xv[j] = *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
+        if (p.norm_w != nullptr) wv[j] = *reinterpret_cast<const uint4*>(p.norm_w + ch * 8);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kXBatch; ++j) {
+      if (at[j] < 0) continue;
+      const int r = at[j] / xch, ch = at[j] - r * xch;
+      *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
+          p.norm_w != nullptr ? norm_chunk(xv[j], wv[j], red[r]) : xv[j];
+    }
+  }
+  consumers_sync();
+}
+
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+// bytes from global src to shared dst in every CTA of the cluster in cta_mask (the same offset in
+// each), counted on the barrier at bar's offset in each.
+__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, std::uint32_t bytes,
+                                                    std::uint64_t* bar, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// x into every CTA of the pair (XMode kXMulticast): after the cluster's barrier (the peer's x
+// barrier is initialized), one thread arms this CTA's x barrier for all of x and copies the
+// pieces of x's rows that fall to this CTA's rank, multicast to both; every consumer then waits on
+// the barrier.
+__device__ __forceinline__ void stage_x_multicast(unsigned char* xs, const Params& p,
+                                                  std::uint64_t* xbar, int ct) {
+  if (ct == 0) {
+    cluster_wait_acquire();
+    std::uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const int row_bytes = 2 * p.k;
+    const int pieces = (row_bytes + kXPieceBytes - 1) / kXPieceBytes;
+    mbar_arrive_expect_tx(xbar, static_cast<std::uint32_t>(p.rows * row_bytes));
+    for (int i = static_cast<int>(rank); i < p.rows * pieces; i += kXClusters) {
+      const int r = i / pieces, off = (i - r * pieces) * kXPieceBytes;
+      bulk_copy_multicast(xs + r * p.x_row_bytes + off,
+                          reinterpret_cast<const unsigned char*>(p.x) +
+                              static_cast<std::size_t>(r) * row_bytes + off,
+                          static_cast<std::uint32_t>(min(kXPieceBytes, row_bytes - off)), xbar,
+                          static_cast<std::uint16_t>((1u << kXClusters) - 1));
+    }
+  }
+  mbar_wait(xbar, 0);
+}
+
+template <int kXMode>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_gemv_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -64,7 +160,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int te = static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.tiles / gridDim.x);
   const int items = (te - tb) * p.chunks;
 
+  std::uint64_t* xbar = nullptr;  // kXMulticast: after the ring
+  if constexpr (kXMode == kXMulticast) {
+    xbar = reinterpret_cast<std::uint64_t*>(ring + p.ring.stages * p.ring.stage_bytes);
+    if (threadIdx.x == 0) mbar_init(xbar, 1);  // fenced for the cluster by init_ring
+  }
   init_ring(full, empty, p.ring.stages);
+  if constexpr (kXMode == kXMulticast) cluster_arrive_release();
 
   if (warp == 0) {  // producer: item i = (tile tb + i / chunks, chunk i % chunks) into stage i % S
     for (int i = 0; i < items; ++i) {
@@ -97,8 +199,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_launch_dependents();
   ResidualAhead ahead;  // in flight while x is staged
   ahead.load(p.residual, p.rows, p.n, tb, te, ct);
-  stage_x(xs, p.x_row_bytes, p.x, p.rows, p.k, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw, lane,
-          ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
+  if constexpr (kXMode == kXMulticast) {
+    stage_x_multicast(xs, p, xbar, ct);
+  } else if constexpr (kXMode == kXBatched) {
+    stage_x_batched(xs, p, red, cw, lane, ct);
+  } else {
+    stage_x(xs, p.x_row_bytes, p.x, p.rows, p.k, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw,
+            lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
+  }
 
   const bool x_row = (lane >> 2) < p.rows;
   float sq = 0.f;  // epilogue: this thread's (row, column of 8) squares of the new residual
@@ -167,6 +275,53 @@ std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::in
   return ring_stages(dev, rows, k, chunk_k_for(dev, rows, k));
 }
 
+// GRAPHDECODE_GEMV_X=batched|multicast when the process first asks, else kXLoads (A/B runs).
+XMode x_mode_from_env() {
+  static const XMode mode = [] {
+    const char* v = std::getenv("GRAPHDECODE_GEMV_X");
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "loads") == 0) return kXLoads;
+    if (std::strcmp(v, "batched") == 0) return kXBatched;
+    GD_REQUIRE(std::strcmp(v, "multicast") == 0, "GRAPHDECODE_GEMV_X", v,
+               "must be loads, batched or multicast");
+    return kXMulticast;
+  }();
+  return mode;
+}
+
+// Opts a kernel in to the device's shared memory, once per process and instantiation.
+template <int kXMode>
+void opt_in_smem(const SkinnyGemmDevice& dev) {
+  static const bool opted_in = [&] {
+    GD_CUDA(cudaFuncSetAttribute(stream_gemv_kernel<kXMode>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
+    return true;
+  }();
+  static_cast<void>(opted_in);
+}
+
+// Pairs of the multicast kernel the device holds at once (one CTA an SM: every launch takes
+// nearly all of an SM's shared memory), asked once.
+int resident_pairs(const SkinnyGemmDevice& dev) {
+  static const int pairs = [&] {
+    opt_in_smem<kXMulticast>(dev);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(dev.sm_count / kXClusters * kXClusters));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = static_cast<std::size_t>(dev.max_smem);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kXClusters;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, stream_gemv_kernel<kXMulticast>, &cfg));
+    return clusters;
+  }();
+  return pairs;
+}
+
 }  // namespace
 
 bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
@@ -197,13 +352,6 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
                    std::to_string(dev.sm_count) + ")");
     GD_REQUIRE(f.eps > 0.f, "eps", f.eps, "must be positive");
   }
-  // The opt-in limit once per process (one device: the engine's model).
-  static const bool opted_in = [&] {
-    GD_CUDA(cudaFuncSetAttribute(stream_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 dev.max_smem));
-    return true;
-  }();
-  static_cast<void>(opted_in);
   Params p{};
   p.x = a.x;
   p.w = a.w;
@@ -225,11 +373,48 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.sum_sq_in = f.sum_sq_in;
   p.parts = f.parts;
   p.eps = f.eps;
-  const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
-                           static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
   const int grid = stream_gemv_grid(dev, a.n);
-  launch_pdl(stream_gemv_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
-             p);
+  XMode mode = x_mode_from_env();
+  // The multicast takes x as it is (no norm prologue), pairs of CTAs that are all resident, and
+  // its x barrier after the ring (a stage fewer where that leaves less than two: then plain loads).
+  const std::int64_t mc_stages = std::min<std::int64_t>(
+      p.ring.stages,
+      (dev.max_smem - kXBarBytes - fixed_and_x_bytes(a.rows, a.k)) / p.ring.stage_bytes);
+  if (mode == kXMulticast &&
+      (f.norm_weight != nullptr || grid % kXClusters != 0 || mc_stages < 2 ||
+       resident_pairs(dev) * kXClusters < grid))
+    mode = kXLoads;
+  if (mode == kXMulticast) p.ring.stages = static_cast<std::int32_t>(mc_stages);
+  const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
+                           static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes +
+                           (mode == kXMulticast ? kXBarBytes : 0);
+  if (mode == kXLoads) {
+    opt_in_smem<kXLoads>(dev);
+    launch_pdl(stream_gemv_kernel<kXLoads>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem,
+               stream, p);
+  } else if (mode == kXBatched) {
+    opt_in_smem<kXBatched>(dev);
+    launch_pdl(stream_gemv_kernel<kXBatched>, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+               smem, stream, p);
+  } else {
+    opt_in_smem<kXMulticast>(dev);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kXClusters;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 2 : 1;
+    GD_CUDA(cudaLaunchKernelEx(&cfg, stream_gemv_kernel<kXMulticast>, p));
+    GD_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace graphdecode
