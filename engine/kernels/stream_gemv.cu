@@ -108,7 +108,7 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // bytes from global src to shared dst in every CTA of the cluster in cta_mask (the same offset in
 // each), counted on the barrier at bar's offset in each.
@@ -122,19 +122,21 @@ __device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, 
 }
 
 // x into every CTA of the pair (XMode kXMulticast): after the cluster's barrier (the peer's x
-// barrier is initialized), one thread arms this CTA's x barrier for all of x and copies the
-// pieces of x's rows that fall to this CTA's rank, multicast to both; every consumer then waits on
-// the barrier.
+// barrier is initialized), the first consumer warp arms this CTA's x barrier for all of x and its
+// lanes copy the pieces of x's rows that fall to this CTA's rank, multicast to both; every
+// consumer then waits on the barrier. The whole warp waits on the cluster's barrier: the compiler
+// puts a warp-wide sync before it, so a wait by one lane would hang beside lanes spinning below.
 __device__ __forceinline__ void stage_x_multicast(unsigned char* xs, const Params& p,
-                                                  std::uint64_t* xbar, int ct) {
-  if (ct == 0) {
+                                                  std::uint64_t* xbar, int cw, int lane) {
+  if (cw == 0) {
     cluster_wait_acquire();
     std::uint32_t rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     const int row_bytes = 2 * p.k;
     const int pieces = (row_bytes + kXPieceBytes - 1) / kXPieceBytes;
-    mbar_arrive_expect_tx(xbar, static_cast<std::uint32_t>(p.rows * row_bytes));
-    for (int i = static_cast<int>(rank); i < p.rows * pieces; i += kXClusters) {
+    if (lane == 0) mbar_arrive_expect_tx(xbar, static_cast<std::uint32_t>(p.rows * row_bytes));
+    for (int i = static_cast<int>(rank) + kXClusters * lane; i < p.rows * pieces;
+         i += kXClusters * 32) {
       const int r = i / pieces, off = (i - r * pieces) * kXPieceBytes;
       bulk_copy_multicast(xs + r * p.x_row_bytes + off,
                           reinterpret_cast<const unsigned char*>(p.x) +
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ResidualAhead ahead;  // in flight while x is staged
   ahead.load(p.residual, p.rows, p.n, tb, te, ct);
   if constexpr (kXMode == kXMulticast) {
-    stage_x_multicast(xs, p, xbar, ct);
+    stage_x_multicast(xs, p, xbar, cw, lane);
   } else if constexpr (kXMode == kXBatched) {
     stage_x_batched(xs, p, red, cw, lane, ct);
   } else {
