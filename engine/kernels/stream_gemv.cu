@@ -36,15 +36,17 @@ constexpr int kChunkKs[] = {4096, 2048, 1024};
 constexpr int kDefaultMaxChunkK = 1024;
 constexpr int kMinStages = 3;
 
-// How the consumers stage x (an experiment, GRAPHDECODE_GEMV_X; bench/NOTES.md 122). kXLoads:
-// one 16-byte load a thread at a time (the default; the compiler does not hoist the next load over
-// the store to xs, so a thread's chunks are serial L2 round trips). kXBatched: kXBatch loads a
-// thread in flight, each CTA starting at its own offset (132 CTAs asking the same lines at once
-// lost 7 us in the MLP block, NOTES 117). kXMulticast (GEMVs without the norm prologue): CTA
-// pairs of a cluster each copy half of x with one bulk copy a piece, multicast to both, so the
-// L2 serves each x byte once a pair, not once a CTA (at B = 8 down's x is 131 KB a CTA).
-enum XMode : int { kXLoads = 0, kXBatched = 1, kXMulticast = 2 };
-constexpr int kXBatch = 8;
+// How the consumers stage x. kXLoads: one 16-byte load a thread at a time (the compiler does not
+// hoist the next load over the store to xs, so a thread's chunks are serial L2 round trips).
+// kXMulticast (GEMVs without the norm prologue, from kMulticastMinRows rows): CTA pairs of a
+// cluster each bulk-copy half of x, multicast to both, so the L2 serves each byte of x once a
+// pair, not once a CTA (at B = 8 the down projection's x is 131 KB a CTA). bench/NOTES.md 122,
+// t158, 1B graph us, loads / multicast: B = 8 L = 1024 1138.4 -> 1113.6 (-1.8%, the down GEMV
+// 14.1 -> 13.4 us a layer), B = 4 1053.5 -> 1047.0 (-0.5%), but B = 1 972.3 -> 992.5 (+2.0%: the
+// cluster's start, for an x of 4 KB). Eight loads a thread in flight instead (CTA-rotated start)
+// lost 4-9% at B = 1-8. GRAPHDECODE_GEMV_X=loads|multicast forces one (A/B runs).
+enum XMode : int { kXLoads = 0, kXMulticast = 1 };
+constexpr int kMulticastMinRows = 4;
 constexpr int kXPieceBytes = 4096;  // a multicast piece of an x row
 constexpr int kXBarBytes = 16;      // the multicast's x barrier, after the ring
 constexpr int kXClusters = 2;       // CTAs that share x
@@ -67,42 +69,6 @@ struct Params {
   std::int32_t parts;
   float eps;
 };
-
-// x by kXBatch loads a thread in flight (XMode kXBatched), the thread's chunks in a CTA-rotated
-// order; the norm as stage_x computes it (norm_chunk). Ends with the consumers' barrier.
-__device__ __forceinline__ void stage_x_batched(unsigned char* xs, const Params& p, float* red,
-                                                int cw, int lane, int ct) {
-  const int xch = p.k / 8, total = p.rows * xch;
-  const int rot = static_cast<int>((static_cast<std::int64_t>(blockIdx.x) * 64) % total);
-  if (p.norm_w != nullptr) {
-    inv_rms_into(red, p.sum_sq_in, p.parts, p.rows, p.k, p.eps, cw, lane);
-    consumers_sync();
-  }
-  for (int base = 0; base < total; base += kConsumerThreads * kXBatch) {
-    uint4 xv[kXBatch], wv[kXBatch];
-    int at[kXBatch];
-#pragma unroll
-    for (int j = 0; j < kXBatch; ++j) {
-      const int idx = base + j * kConsumerThreads + ct;
-      int e = idx + rot;
-      if (e >= total) e -= total;
-      at[j] = idx < total ? e : -1;
-      if (at[j] >= 0) {
-        const int r = e / xch, ch = e - r * xch;
-        xv[j] = *reinterpret_cast<const uint4*>(p.x + static_cast<std::size_t>(r) * p.k + ch * 8);
-        if (p.norm_w != nullptr) wv[j] = *reinterpret_cast<const uint4*>(p.norm_w + ch * 8);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kXBatch; ++j) {
-      if (at[j] < 0) continue;
-      const int r = at[j] / xch, ch = at[j] - r * xch;
-      *reinterpret_cast<uint4*>(xs + r * p.x_row_bytes + ch * 16) =
-          p.norm_w != nullptr ? norm_chunk(xv[j], wv[j], red[r]) : xv[j];
-    }
-  }
-  consumers_sync();
-}
 
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -203,8 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   ahead.load(p.residual, p.rows, p.n, tb, te, ct);
   if constexpr (kXMode == kXMulticast) {
     stage_x_multicast(xs, p, xbar, cw, lane);
-  } else if constexpr (kXMode == kXBatched) {
-    stage_x_batched(xs, p, red, cw, lane, ct);
   } else {
     stage_x(xs, p.x_row_bytes, p.x, p.rows, p.k, p.norm_w, p.sum_sq_in, p.parts, p.eps, red, cw,
             lane, ct, [](const std::uint16_t* at) { return *reinterpret_cast<const uint4*>(at); });
@@ -277,17 +241,19 @@ std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::in
   return ring_stages(dev, rows, k, chunk_k_for(dev, rows, k));
 }
 
-// GRAPHDECODE_GEMV_X=batched|multicast when the process first asks, else kXLoads (A/B runs).
-XMode x_mode_from_env() {
-  static const XMode mode = [] {
+// GRAPHDECODE_GEMV_X=loads|multicast when the process first asks: that mode wherever it applies;
+// unset: by rows (kMulticastMinRows).
+enum class XChoice { kByRows, kLoads, kMulticast };
+XChoice x_choice_from_env() {
+  static const XChoice choice = [] {
     const char* v = std::getenv("GRAPHDECODE_GEMV_X");
-    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "loads") == 0) return kXLoads;
-    if (std::strcmp(v, "batched") == 0) return kXBatched;
+    if (v == nullptr || v[0] == '\0') return XChoice::kByRows;
+    if (std::strcmp(v, "loads") == 0) return XChoice::kLoads;
     GD_REQUIRE(std::strcmp(v, "multicast") == 0, "GRAPHDECODE_GEMV_X", v,
-               "must be loads, batched or multicast");
-    return kXMulticast;
+               "must be loads or multicast");
+    return XChoice::kMulticast;
   }();
-  return mode;
+  return choice;
 }
 
 // Opts a kernel in to the device's shared memory, once per process and instantiation.
@@ -376,7 +342,11 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.parts = f.parts;
   p.eps = f.eps;
   const int grid = stream_gemv_grid(dev, a.n);
-  XMode mode = x_mode_from_env();
+  const XChoice choice = x_choice_from_env();
+  XMode mode = choice == XChoice::kMulticast ||
+                       (choice == XChoice::kByRows && a.rows >= kMulticastMinRows)
+                   ? kXMulticast
+                   : kXLoads;
   // The multicast takes x as it is (no norm prologue), pairs of CTAs that are all resident, and
   // its x barrier after the ring (a stage fewer where that leaves less than two: then plain loads).
   const std::int64_t mc_stages = std::min<std::int64_t>(
@@ -394,10 +364,6 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
     opt_in_smem<kXLoads>(dev);
     launch_pdl(stream_gemv_kernel<kXLoads>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem,
                stream, p);
-  } else if (mode == kXBatched) {
-    opt_in_smem<kXBatched>(dev);
-    launch_pdl(stream_gemv_kernel<kXBatched>, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
-               smem, stream, p);
   } else {
     opt_in_smem<kXMulticast>(dev);
     cudaLaunchConfig_t cfg{};

@@ -122,42 +122,11 @@ struct RingCursor {
   }
 };
 
-// Row cw's inverse RMS (cw < rows) from the parts' sums into red[cw] (warp cw: lanes stride the
-// parts, then a fixed xor tree); the caller syncs before reading red.
-__device__ __forceinline__ void inv_rms_into(float* red, const float* sum_sq_in, int parts, int rows,
-                                             int k, float eps, int cw, int lane) {
-  if (cw < rows) {
-    float ss = 0.f;
-    for (int c = lane; c < parts; c += 32) ss += sum_sq_in[c * rows + cw];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[cw] = rsqrtf(ss / static_cast<float>(k) + eps);
-  }
-}
-
-// 8 elements of x normed (x chunk xv, the norm weight's chunk wv, the row's inverse RMS).
-__device__ __forceinline__ uint4 norm_chunk(uint4 xv, uint4 wv, float inv_rms) {
-  const std::uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-  std::uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    std::uint32_t packed = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // as rmsnorm_kernel: w * bf16(v * inv_rms), then bf16
-      const auto xb = static_cast<std::uint16_t>(xw[i] >> (16 * h));
-      const auto wb = static_cast<std::uint16_t>(ww[i] >> (16 * h));
-      const float o = bf16_bits_to_float(wb) * round_bf16(bf16_bits_to_float(xb) * inv_rms);
-      packed |= static_cast<std::uint32_t>(float_to_bf16_bits(o)) << (16 * h);
-    }
-    out[i] = packed;
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // x [rows][k] (row stride k elements) into xs (row stride x_row_bytes), by the consumer thread
 // ct. With norm_w set, as rmsnorm(x) (stream_gemv.h StreamGemvFusion's prologue): row r's inverse
-// RMS into red[r] first (inv_rms_into). `load` reads 16 bytes of x (a plain load, or an L2-only
-// one for data other CTAs of the same grid wrote). Ends with the consumers' barrier.
+// RMS from the parts' sums (warp r: lanes stride the parts, then a fixed xor tree) into red[r]
+// first. `load` reads 16 bytes of x (a plain load, or an L2-only one for data other CTAs of the
+// same grid wrote). Ends with the consumers' barrier.
 template <typename Load16>
 __device__ __forceinline__ void stage_x(unsigned char* xs, int x_row_bytes, const std::uint16_t* x,
                                         int rows, int k, const std::uint16_t* norm_w,
@@ -171,14 +140,35 @@ __device__ __forceinline__ void stage_x(unsigned char* xs, int x_row_bytes, cons
           load(x + static_cast<std::size_t>(r) * k + ch * 8);
     }
   } else {
-    inv_rms_into(red, sum_sq_in, parts, rows, k, eps, cw, lane);
+    if (cw < rows) {
+      float ss = 0.f;
+      for (int c = lane; c < parts; c += 32) ss += sum_sq_in[c * rows + cw];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) red[cw] = rsqrtf(ss / static_cast<float>(k) + eps);
+    }
     consumers_sync();
     for (int idx = ct; idx < rows * xch; idx += kConsumerThreads) {
       const int r = idx / xch, ch = idx - r * xch;
       const float inv_rms = red[r];
       const uint4 xv = load(x + static_cast<std::size_t>(r) * k + ch * 8);
       const uint4 wv = *reinterpret_cast<const uint4*>(norm_w + ch * 8);
-      *reinterpret_cast<uint4*>(xs + r * x_row_bytes + ch * 16) = norm_chunk(xv, wv, inv_rms);
+      const std::uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+      std::uint32_t out[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        std::uint32_t packed = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // as rmsnorm_kernel: w * bf16(v * inv_rms), then bf16
+          const auto xb = static_cast<std::uint16_t>(xw[i] >> (16 * h));
+          const auto wb = static_cast<std::uint16_t>(ww[i] >> (16 * h));
+          const float o = bf16_bits_to_float(wb) * round_bf16(bf16_bits_to_float(xb) * inv_rms);
+          packed |= static_cast<std::uint32_t>(float_to_bf16_bits(o)) << (16 * h);
+        }
+        out[i] = packed;
+      }
+      *reinterpret_cast<uint4*>(xs + r * x_row_bytes + ch * 16) =
+          make_uint4(out[0], out[1], out[2], out[3]);
     }
   }
   consumers_sync();
