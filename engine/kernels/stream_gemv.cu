@@ -38,13 +38,16 @@ constexpr int kMinStages = 3;
 
 // How the consumers stage x. kXLoads: one 16-byte load a thread at a time (the compiler does not
 // hoist the next load over the store to xs, so a thread's chunks are serial L2 round trips).
-// kXMulticast (GEMVs without the norm prologue, from kMulticastMinRows rows): CTA pairs of a
-// cluster each bulk-copy half of x, multicast to both, so the L2 serves each byte of x once a
-// pair, not once a CTA (at B = 8 the down projection's x is 131 KB a CTA). bench/NOTES.md 122,
-// t158, 1B graph us, loads / multicast: B = 8 L = 1024 1138.4 -> 1113.6 (-1.8%, the down GEMV
-// 14.1 -> 13.4 us a layer), B = 4 1053.5 -> 1047.0 (-0.5%), but B = 1 972.3 -> 992.5 (+2.0%: the
-// cluster's start, for an x of 4 KB). Eight loads a thread in flight instead (CTA-rotated start)
-// lost 4-9% at B = 1-8. GRAPHDECODE_GEMV_X=loads|multicast forces one (A/B runs).
+// kXMulticast (GEMVs without the norm prologue): CTA pairs of a cluster each bulk-copy half of x,
+// multicast to both, so the L2 serves each byte of x once a pair, not once a CTA (at B = 8 the
+// down projection's x is 131 KB a CTA). bench/NOTES.md 122, t158, 1B graph us, loads /
+// multicast everywhere: B = 8 L = 1024 1138.4 -> 1113.6 (-1.8%; the down GEMV 14.1 -> 13.4 us a
+// layer), B = 4 1053.5 -> 1047.0 (-0.5%), B = 1 972.3 -> 992.5 (+2.0%: the cluster's start, for an
+// x of 4 KB), hence the rule of kMulticastMinRows rows. Eight loads a thread in flight instead
+// (each CTA from its own offset) lost 4-9% at B = 1-8.
+// Opt-in (GRAPHDECODE_GEMV_X, x_choice_from_env): tests, memcheck and initcheck pass with it, but
+// racecheck did not finish its first test in 150 s (19 s with loads), so it is not the default
+// until that is understood.
 enum XMode : int { kXLoads = 0, kXMulticast = 1 };
 constexpr int kMulticastMinRows = 4;
 constexpr int kXPieceBytes = 4096;  // a multicast piece of an x row
@@ -241,17 +244,17 @@ std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::in
   return ring_stages(dev, rows, k, chunk_k_for(dev, rows, k));
 }
 
-// GRAPHDECODE_GEMV_X=loads|multicast when the process first asks: that mode wherever it applies;
-// unset: by rows (kMulticastMinRows).
-enum class XChoice { kByRows, kLoads, kMulticast };
+// GRAPHDECODE_GEMV_X when the process first asks: unset or "loads": kXLoads; "multicast": the
+// multicast from kMulticastMinRows rows; "multicast-all": wherever it applies (t158's A/B).
+enum class XChoice { kLoads, kMulticastByRows, kMulticastAll };
 XChoice x_choice_from_env() {
   static const XChoice choice = [] {
     const char* v = std::getenv("GRAPHDECODE_GEMV_X");
-    if (v == nullptr || v[0] == '\0') return XChoice::kByRows;
-    if (std::strcmp(v, "loads") == 0) return XChoice::kLoads;
-    GD_REQUIRE(std::strcmp(v, "multicast") == 0, "GRAPHDECODE_GEMV_X", v,
-               "must be loads or multicast");
-    return XChoice::kMulticast;
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "loads") == 0) return XChoice::kLoads;
+    if (std::strcmp(v, "multicast") == 0) return XChoice::kMulticastByRows;
+    GD_REQUIRE(std::strcmp(v, "multicast-all") == 0, "GRAPHDECODE_GEMV_X", v,
+               "must be loads, multicast or multicast-all");
+    return XChoice::kMulticastAll;
   }();
   return choice;
 }
@@ -343,8 +346,8 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   p.eps = f.eps;
   const int grid = stream_gemv_grid(dev, a.n);
   const XChoice choice = x_choice_from_env();
-  XMode mode = choice == XChoice::kMulticast ||
-                       (choice == XChoice::kByRows && a.rows >= kMulticastMinRows)
+  XMode mode = choice == XChoice::kMulticastAll ||
+                       (choice == XChoice::kMulticastByRows && a.rows >= kMulticastMinRows)
                    ? kXMulticast
                    : kXLoads;
   // The multicast takes x as it is (no norm prologue), pairs of CTAs that are all resident, and
@@ -352,9 +355,8 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
   const std::int64_t mc_stages = std::min<std::int64_t>(
       p.ring.stages,
       (dev.max_smem - kXBarBytes - fixed_and_x_bytes(a.rows, a.k)) / p.ring.stage_bytes);
-  if (mode == kXMulticast &&
-      (f.norm_weight != nullptr || grid % kXClusters != 0 || mc_stages < 2 ||
-       resident_pairs(dev) * kXClusters < grid))
+  if (mode == kXMulticast && (f.norm_weight != nullptr || grid % kXClusters != 0 || mc_stages < 2 ||
+                              resident_pairs(dev) * kXClusters < grid))
     mode = kXLoads;
   if (mode == kXMulticast) p.ring.stages = static_cast<std::int32_t>(mc_stages);
   const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
