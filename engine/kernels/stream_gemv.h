@@ -14,6 +14,8 @@
 // * a programmatic dependent launch (common/pdl.cuh): the producer fills the ring before the wait
 //   for the kernel before (weights depend on no kernel of the step); x is read and y written only
 //   after it; 288 threads and few registers, so the next kernel's CTAs can be resident beside it.
+// * opt-in (GRAPHDECODE_GEMV_X=multicast, from 4 rows; stream_gemv.cu XMode): x by CTA pairs of a
+//   cluster, each bulk-copying half of it to both (1B step -1.8% at B = 8; not yet the default).
 // Graph-safe: fixed grid, no allocation, no host sync.
 #pragma once
 
