@@ -270,22 +270,35 @@ void opt_in_smem(const SkinnyGemmDevice& dev) {
   static_cast<void>(opted_in);
 }
 
+// The multicast kernel's launch: clusters of kXClusters CTAs, as programmatic dependents when
+// `pdl`; `attr` holds the attributes cfg points to.
+cudaLaunchConfig_t multicast_config(int grid, std::size_t smem, cudaStream_t stream, bool pdl,
+                                    cudaLaunchAttribute (&attr)[2]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kXClusters;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cfg;
+}
+
 // Pairs of the multicast kernel the device holds at once (one CTA an SM: every launch takes
 // nearly all of an SM's shared memory), asked once.
 int resident_pairs(const SkinnyGemmDevice& dev) {
   static const int pairs = [&] {
     opt_in_smem<kXMulticast>(dev);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(dev.sm_count / kXClusters * kXClusters));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = static_cast<std::size_t>(dev.max_smem);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kXClusters;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg =
+        multicast_config(dev.sm_count / kXClusters * kXClusters,
+                         static_cast<std::size_t>(dev.max_smem), nullptr, false, attr);
     int clusters = 0;
     GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, stream_gemv_kernel<kXMulticast>, &cfg));
     return clusters;
@@ -366,22 +379,9 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
     opt_in_smem<kXLoads>(dev);
     launch_pdl(stream_gemv_kernel<kXLoads>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem,
                stream, p);
-  } else {
-    opt_in_smem<kXMulticast>(dev);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
+  } else {  // resident_pairs opted the kernel in
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kXClusters;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
+    const cudaLaunchConfig_t cfg = multicast_config(grid, smem, stream, pdl_enabled(), attr);
     GD_CUDA(cudaLaunchKernelEx(&cfg, stream_gemv_kernel<kXMulticast>, p));
     GD_CHECK_LAUNCH();
   }
