@@ -97,8 +97,8 @@ __device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, 
 // puts a warp-wide sync before it, so a wait by one lane would hang beside lanes spinning below.
 __device__ __forceinline__ void stage_x_multicast(unsigned char* xs, const Params& p,
                                                   std::uint64_t* xbar, int cw, int lane) {
+  cluster_wait_acquire();  // every consumer warp: each thread that arrived waits once
   if (cw == 0) {
-    cluster_wait_acquire();
     std::uint32_t rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     const int row_bytes = 2 * p.k;
@@ -156,6 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pdl_wait_for_prior_grid();
       pdl_launch_dependents();
     }
+    if constexpr (kXMode == kXMulticast) cluster_wait_acquire();  // its arrival's wait
     return;
   }
 
