@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/pdl.cuh"
 #include "engine/kernels/skinny_gemm.h"
+#include "engine/kernels/stream_gemv.h"  // stream_gemv_resident_pairs
 
 namespace graphdecode {
 namespace {
@@ -195,6 +196,7 @@ SkinnyGemmDevice SkinnyGemmDevice::current() {
                                d.max_smem));
   GD_CUDA(cudaFuncSetAttribute(skinny_gemm_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                d.max_smem));
+  d.x_pairs = stream_gemv_resident_pairs(d);
   return d;
 }
 

@@ -49,6 +49,7 @@ inline constexpr std::int32_t kSkinnyMaxRows = 8;
 struct SkinnyGemmDevice {
   std::int32_t sm_count = 0;
   std::int32_t max_smem = 0;  // bytes of dynamic shared memory a block may opt in to
+  std::int32_t x_pairs = 0;   // stream GEMV CTA pairs resident at once (its multicast x; 0: none)
   static SkinnyGemmDevice current();
 };
 

@@ -45,9 +45,7 @@ constexpr int kMinStages = 3;
 // layer), B = 4 1053.5 -> 1047.0 (-0.5%), B = 1 972.3 -> 992.5 (+2.0%: the cluster's start, for an
 // x of 4 KB), hence the rule of kMulticastMinRows rows. Eight loads a thread in flight instead
 // (each CTA from its own offset) lost 4-9% at B = 1-8.
-// Opt-in (GRAPHDECODE_GEMV_X, x_choice_from_env): tests, memcheck and initcheck pass with it, but
-// racecheck did not finish its first test in 150 s (19 s with loads), so it is not the default
-// until that is understood.
+// GRAPHDECODE_GEMV_X (x_choice_from_env) forces one way for A/B runs.
 enum XMode : int { kXLoads = 0, kXMulticast = 1 };
 constexpr int kMulticastMinRows = 4;
 constexpr int kXPieceBytes = 4096;  // a multicast piece of an x row
@@ -93,8 +91,9 @@ __device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, 
 // x into every CTA of the pair (XMode kXMulticast): after the cluster's barrier (the peer's x
 // barrier is initialized), the first consumer warp arms this CTA's x barrier for all of x and its
 // lanes copy the pieces of x's rows that fall to this CTA's rank, multicast to both; every
-// consumer then waits on the barrier. The whole warp waits on the cluster's barrier: the compiler
-// puts a warp-wide sync before it, so a wait by one lane would hang beside lanes spinning below.
+// consumer then waits on the barrier. Every thread that arrived on the cluster's barrier waits on
+// it once, warp by warp: the compiler puts a warp-wide sync before the wait, so a wait by one lane
+// would hang beside lanes spinning below (t157).
 __device__ __forceinline__ void stage_x_multicast(unsigned char* xs, const Params& p,
                                                   std::uint64_t* xbar, int cw, int lane) {
   cluster_wait_acquire();  // every consumer warp: each thread that arrived waits once
@@ -143,7 +142,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < items; ++i) {
       // W depends on no kernel of the step: the ring's first fill runs before the wait for the
       // kernel before this one; then wait (so this CTA triggers only after it, pdl.cuh's promise).
+      // The multicast's cluster wait is here too, before the first wait on a consumer: racecheck
+      // lets no wait on the cluster's barrier pass until every thread waits on it, so a producer
+      // blocked on the ring beside consumers blocked there deadlocked it (t160-t162; not the GPU).
       if (i == p.ring.stages) {
+        if constexpr (kXMode != kXLoads) cluster_wait_acquire();
         pdl_wait_for_prior_grid();
         pdl_launch_dependents();
       }
@@ -152,11 +155,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                    min(kTileRows, p.n - tile * kTileRows), c * p.ring.chunk_k,
                    min(p.ring.chunk_k, p.k - c * p.ring.chunk_k), lane);
     }
-    if (items <= p.ring.stages) {  // the loop never reached the wait
+    if (items <= p.ring.stages) {  // the loop never reached the waits
+      if constexpr (kXMode != kXLoads) cluster_wait_acquire();
       pdl_wait_for_prior_grid();
       pdl_launch_dependents();
     }
-    if constexpr (kXMode == kXMulticast) cluster_wait_acquire();  // its arrival's wait
     return;
   }
 
@@ -245,14 +248,15 @@ std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::in
   return ring_stages(dev, rows, k, chunk_k_for(dev, rows, k));
 }
 
-// GRAPHDECODE_GEMV_X when the process first asks: unset or "loads": kXLoads; "multicast": the
-// multicast from kMulticastMinRows rows; "multicast-all": wherever it applies (t158's A/B).
+// GRAPHDECODE_GEMV_X when the process first asks: unset or "multicast": the multicast from
+// kMulticastMinRows rows; "loads": kXLoads everywhere; "multicast-all": wherever it applies.
 enum class XChoice { kLoads, kMulticastByRows, kMulticastAll };
 XChoice x_choice_from_env() {
   static const XChoice choice = [] {
     const char* v = std::getenv("GRAPHDECODE_GEMV_X");
-    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "loads") == 0) return XChoice::kLoads;
-    if (std::strcmp(v, "multicast") == 0) return XChoice::kMulticastByRows;
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "multicast") == 0)
+      return XChoice::kMulticastByRows;
+    if (std::strcmp(v, "loads") == 0) return XChoice::kLoads;
     GD_REQUIRE(std::strcmp(v, "multicast-all") == 0, "GRAPHDECODE_GEMV_X", v,
                "must be loads, multicast or multicast-all");
     return XChoice::kMulticastAll;
@@ -291,22 +295,6 @@ cudaLaunchConfig_t multicast_config(int grid, std::size_t smem, cudaStream_t str
   return cfg;
 }
 
-// Pairs of the multicast kernel the device holds at once (one CTA an SM: every launch takes
-// nearly all of an SM's shared memory), asked once.
-int resident_pairs(const SkinnyGemmDevice& dev) {
-  static const int pairs = [&] {
-    opt_in_smem<kXMulticast>(dev);
-    cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg =
-        multicast_config(dev.sm_count / kXClusters * kXClusters,
-                         static_cast<std::size_t>(dev.max_smem), nullptr, false, attr);
-    int clusters = 0;
-    GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, stream_gemv_kernel<kXMulticast>, &cfg));
-    return clusters;
-  }();
-  return pairs;
-}
-
 }  // namespace
 
 bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
@@ -317,6 +305,17 @@ bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::
 std::int32_t stream_gemv_grid(const SkinnyGemmDevice& dev, std::int32_t n) {
   GD_REQUIRE(n > 0, "n", n, "must be positive");
   return std::min(dev.sm_count, (n + kTileRows - 1) / kTileRows);
+}
+
+std::int32_t stream_gemv_resident_pairs(const SkinnyGemmDevice& dev) {
+  opt_in_smem<kXMulticast>(dev);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg =
+      multicast_config(dev.sm_count / kXClusters * kXClusters,
+                       static_cast<std::size_t>(dev.max_smem), nullptr, false, attr);
+  int clusters = 0;
+  GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, stream_gemv_kernel<kXMulticast>, &cfg));
+  return clusters;
 }
 
 void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream,
@@ -370,7 +369,7 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
       p.ring.stages,
       (dev.max_smem - kXBarBytes - fixed_and_x_bytes(a.rows, a.k)) / p.ring.stage_bytes);
   if (mode == kXMulticast && (f.norm_weight != nullptr || grid % kXClusters != 0 || mc_stages < 2 ||
-                              resident_pairs(dev) * kXClusters < grid))
+                              dev.x_pairs * kXClusters < grid))
     mode = kXLoads;
   if (mode == kXMulticast) p.ring.stages = static_cast<std::int32_t>(mc_stages);
   const std::size_t smem = static_cast<std::size_t>(fixed_and_x_bytes(a.rows, a.k)) +
@@ -380,7 +379,7 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
     opt_in_smem<kXLoads>(dev);
     launch_pdl(stream_gemv_kernel<kXLoads>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem,
                stream, p);
-  } else {  // resident_pairs opted the kernel in
+  } else {  // stream_gemv_resident_pairs opted the kernel in
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg = multicast_config(grid, smem, stream, pdl_enabled(), attr);
     GD_CUDA(cudaLaunchKernelEx(&cfg, stream_gemv_kernel<kXMulticast>, p));

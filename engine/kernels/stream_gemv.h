@@ -14,8 +14,9 @@
 // * a programmatic dependent launch (common/pdl.cuh): the producer fills the ring before the wait
 //   for the kernel before (weights depend on no kernel of the step); x is read and y written only
 //   after it; 288 threads and few registers, so the next kernel's CTAs can be resident beside it.
-// * opt-in (GRAPHDECODE_GEMV_X=multicast, from 4 rows; stream_gemv.cu XMode): x by CTA pairs of a
-//   cluster, each bulk-copying half of it to both (1B step -1.8% at B = 8; not yet the default).
+// * from 4 rows, for GEMVs without the norm prologue (stream_gemv.cu XMode): x by CTA pairs of a
+//   cluster, each bulk-copying half of it to both (1B step -2% at B = 8); plain loads where the
+//   pairs are not all resident (SkinnyGemmDevice::x_pairs). GRAPHDECODE_GEMV_X=loads turns it off.
 // Graph-safe: fixed grid, no allocation, no host sync.
 #pragma once
 
@@ -53,6 +54,10 @@ struct StreamGemvFusion {
   std::int32_t parts = 0;
   float eps = 1e-5f;
 };
+
+// CTA pairs of the multicast kernel the device holds at once (SkinnyGemmDevice::current asks, so
+// no launch inside a graph capture does); opts that kernel in to the device's shared memory.
+std::int32_t stream_gemv_resident_pairs(const SkinnyGemmDevice& dev);
 
 // CTAs of a stream GEMV launch over n outputs (one per SM at most): the `parts` of the sums an
 // epilogue leaves.

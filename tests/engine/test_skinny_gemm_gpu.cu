@@ -223,6 +223,15 @@ TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
     }
 }
 
+// The stream GEMV's default x staging from 4 rows is the multicast over CTA pairs, which falls back
+// to plain loads where the pairs of a full grid are not all resident: on the GPUs it is measured
+// on (H100, H200: one CTA an SM, 132 SMs) they are, so the default runs the measured path.
+TEST_F(SkinnyGemmGpu, StreamGemvMulticastPairsOfAFullGridAreResident) {
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  EXPECT_GE(dev.x_pairs, dev.sm_count / 2) << "sm_count " << dev.sm_count;
+  EXPECT_EQ(stream_gemv_resident_pairs(dev), dev.x_pairs);
+}
+
 // Captured in a graph (a programmatic dependent of the GEMM before it), the stream GEMV replays
 // bitwise equal to eager, replay after replay.
 TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
