@@ -44,8 +44,9 @@ constexpr int kMinStages = 3;
 // multicast everywhere: B = 8 L = 1024 1138.4 -> 1113.6 (-1.8%; the down GEMV 14.1 -> 13.4 us a
 // layer), B = 4 1053.5 -> 1047.0 (-0.5%), B = 1 972.3 -> 992.5 (+2.0%: the cluster's start, for an
 // x of 4 KB), hence the rule of kMulticastMinRows rows. Eight loads a thread in flight instead
-// (each CTA from its own offset) lost 4-9% at B = 1-8.
-// GRAPHDECODE_GEMV_X (x_choice_from_env) forces one way for A/B runs.
+// (each CTA from its own offset) lost 4-9% at B = 1-8. The default since NOTES 123 (t163, loads /
+// from 4 rows: B = 8 1120.5 -> 1102.6 us, B = 1 equal); GRAPHDECODE_GEMV_X (x_choice_from_env)
+// forces one way for A/B runs and tests.
 enum XMode : int { kXLoads = 0, kXMulticast = 1 };
 constexpr int kMulticastMinRows = 4;
 constexpr int kXPieceBytes = 4096;  // a multicast piece of an x row
