@@ -224,8 +224,8 @@ TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
 }
 
 // The stream GEMV's default x staging from 4 rows is the multicast over CTA pairs, which falls back
-// to plain loads where the pairs of a full grid are not all resident: on the GPUs it is measured
-// on (H100, H200: one CTA an SM, 132 SMs) they are, so the default runs the measured path.
+// to plain loads where the pairs of a full grid are not all resident. On the H200 it was measured
+// on (132 SMs, one CTA an SM) they are: this test says whether the default runs that path here.
 TEST_F(SkinnyGemmGpu, StreamGemvMulticastPairsOfAFullGridAreResident) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   EXPECT_GE(dev.x_pairs, dev.sm_count / 2) << "sm_count " << dev.sm_count;
