@@ -64,4 +64,26 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t sm
   GD_CHECK_LAUNCH();
 }
 
+// A launch of `grid` x `block` in thread-block clusters of `cluster`, as a programmatic dependent
+// of the kernel before it when `pdl` (occupancy queries pass false); cfg points into `attr`, which
+// must outlive its use. For cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters alike.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, std::size_t smem,
+                                                cudaStream_t stream, dim3 cluster, bool pdl,
+                                                cudaLaunchAttribute (&attr)[2]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cfg;
+}
+
 }  // namespace graphdecode

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // lets no wait on the cluster's barrier pass until every thread waits on it, so a producer
       // blocked on the ring beside consumers blocked there deadlocked it (t160-t162; not the GPU).
       if (i == p.ring.stages) {
-        if constexpr (kXMode != kXLoads) cluster_wait_acquire();
+        if constexpr (kXMode == kXMulticast) cluster_wait_acquire();
         pdl_wait_for_prior_grid();
         pdl_launch_dependents();
       }
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    min(p.ring.chunk_k, p.k - c * p.ring.chunk_k), lane);
     }
     if (items <= p.ring.stages) {  // the loop never reached the waits
-      if constexpr (kXMode != kXLoads) cluster_wait_acquire();
+      if constexpr (kXMode == kXMulticast) cluster_wait_acquire();
       pdl_wait_for_prior_grid();
       pdl_launch_dependents();
     }
@@ -276,26 +276,6 @@ void opt_in_smem(const SkinnyGemmDevice& dev) {
   static_cast<void>(opted_in);
 }
 
-// The multicast kernel's launch: clusters of kXClusters CTAs, as programmatic dependents when
-// `pdl`; `attr` holds the attributes cfg points to.
-cudaLaunchConfig_t multicast_config(int grid, std::size_t smem, cudaStream_t stream, bool pdl,
-                                    cudaLaunchAttribute (&attr)[2]) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kXClusters;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
-  return cfg;
-}
-
 }  // namespace
 
 bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
@@ -311,9 +291,9 @@ std::int32_t stream_gemv_grid(const SkinnyGemmDevice& dev, std::int32_t n) {
 std::int32_t stream_gemv_resident_pairs(const SkinnyGemmDevice& dev) {
   opt_in_smem<kXMulticast>(dev);
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg =
-      multicast_config(dev.sm_count / kXClusters * kXClusters,
-                       static_cast<std::size_t>(dev.max_smem), nullptr, false, attr);
+  const cudaLaunchConfig_t cfg = cluster_launch_config(
+      dim3(static_cast<unsigned>(dev.sm_count / kXClusters * kXClusters)), dim3(kThreads),
+      static_cast<std::size_t>(dev.max_smem), nullptr, dim3(kXClusters), false, attr);
   int clusters = 0;
   GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, stream_gemv_kernel<kXMulticast>, &cfg));
   return clusters;
@@ -382,7 +362,9 @@ void stream_gemv(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStrea
                stream, p);
   } else {  // stream_gemv_resident_pairs opted the kernel in
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = multicast_config(grid, smem, stream, pdl_enabled(), attr);
+    const cudaLaunchConfig_t cfg =
+        cluster_launch_config(dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream,
+                              dim3(kXClusters), pdl_enabled(), attr);
     GD_CUDA(cudaLaunchKernelEx(&cfg, stream_gemv_kernel<kXMulticast>, p));
     GD_CHECK_LAUNCH();
   }

@@ -322,18 +322,10 @@ std::int32_t g_resident_clusters[kMaxSplits + 1] = {};
 
 void count_resident_clusters(int sms) {
   for (int s = 1; s <= kMaxSplits; s *= 2) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim =
-        dim3(static_cast<unsigned>(std::max(sms, 1) * kCtasPerSm), static_cast<unsigned>(s));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem_bytes<1>();
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = static_cast<unsigned>(s);
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = cluster_launch_config(
+        dim3(static_cast<unsigned>(std::max(sms, 1) * kCtasPerSm), static_cast<unsigned>(s)),
+        dim3(kThreads), smem_bytes<1>(), nullptr, dim3(1, static_cast<unsigned>(s)), false, attr);
     int clusters = 0;
     GD_CUDA(cudaOccupancyMaxActiveClusters(&clusters, wgmma_gemm_kernel<1>, &cfg));
     g_resident_clusters[s] = std::max(clusters, 1);
@@ -435,26 +427,15 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
   p.out_f32 = a.out_f32;
   p.inter = swiglu ? a.n / 2 : 0;
   const std::int32_t splits = wgmma_gemm_splits(a.k, a.n);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>((a.n + kBN - 1) / kBN), static_cast<unsigned>(splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  if (m_blocks == 1) {
-    cfg.dynamicSmemBytes = smem_bytes<1>();
+  const cudaLaunchConfig_t cfg = cluster_launch_config(
+      dim3(static_cast<unsigned>((a.n + kBN - 1) / kBN), static_cast<unsigned>(splits)),
+      dim3(kThreads), m_blocks == 1 ? smem_bytes<1>() : smem_bytes<2>(), stream,
+      dim3(1, static_cast<unsigned>(splits)), pdl_enabled(), attr);
+  if (m_blocks == 1)
     GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<1>, p));
-  } else {
-    cfg.dynamicSmemBytes = smem_bytes<2>();
+  else
     GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<2>, p));
-  }
   GD_CHECK_LAUNCH();
 }
 
