@@ -115,8 +115,6 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
     stream_mlp_cooperative_ = std::strcmp(coop, "0") != 0;
   if (const char* fma = std::getenv("GRAPHDECODE_STREAM_MLP_FMA"))
     stream_mlp_fma_ = std::strcmp(fma, "1") == 0;
-  if (const char* next = std::getenv("GRAPHDECODE_STREAM_MLP_QKV"))
-    stream_mlp_qkv_ = std::strcmp(next, "0") != 0;
   mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *
                                           kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
@@ -223,11 +221,6 @@ bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
   return fuses_input_norm(rows) && mlp_block_fits(rows);
 }
 
-bool LlamaModel::mlp_block_runs_qkv(std::int32_t rows) const {
-  return stream_mlp_qkv_ && fuses_mlp_block(rows) &&
-         !(stream_mlp_fma_ && rows <= kStreamMlpFmaMaxRows);
-}
-
 bool LlamaModel::mlp_block_fits(std::int32_t rows) const {
   if (!stream_mlp_ || rows > stream_mlp_max_rows_) return false;
   const std::int32_t h = config_.hidden_size;
@@ -242,7 +235,7 @@ bool LlamaModel::mlp_block_fits(std::int32_t rows) const {
 }
 
 void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
-                                 std::int32_t rows, bool norm_in, bool o_adds, bool qkv_ready,
+                                 std::int32_t rows, bool norm_in, bool o_adds,
                                  cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
@@ -250,10 +243,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
   const std::int32_t d = config_.head_dim, h = config_.hidden_size;
   const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
 
-  if (qkv_ready) {
-    // qkv_ holds it already: the last layer's MLP block ran this GEMV (mlp_block_runs_qkv).
-  } else if (norm_in) {
-    // x = residual_, normed by the GEMV from the last down projection's squares
+  if (norm_in) {  // x = residual_, normed by the GEMV from the last down projection's squares
     StreamGemvFusion f;
     f.norm_weight = w.input_norm;
     f.sum_sq_in = sum_sq_.data();
@@ -309,7 +299,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
 }
 
 void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
-                           bool add_residual, bool one_grid, bool next_qkv, cudaStream_t stream) {
+                           bool add_residual, bool one_grid, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
@@ -327,13 +317,6 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     if (add_residual) {
       a.residual = residual_.data();
       a.sum_sq_out = sum_sq_.data();
-      if (next_qkv) {  // the next layer's qkv GEMV in this grid
-        const DeviceLayerWeights& next = weights_.layer(l + 1);
-        a.w_next = next.qkv;
-        a.next_norm_weight = next.input_norm;
-        a.next_y = qkv_.data();
-        a.next_n = config_.q_size() + 2 * config_.kv_size();
-      }
     }
     a.sync = mlp_sync_.data() + static_cast<std::size_t>(l) * kStreamMlpSyncWords;
     a.error_flag = bad_token_.data();
@@ -396,7 +379,6 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
   const bool one_grid_mlp = fuse && mlp_block_fits(rows);
-  const bool qkv_in_mlp = mlp_block_runs_qkv(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
@@ -409,11 +391,9 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {
-      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp,
-                      /*qkv_ready=*/qkv_in_mlp && l > 0, stream);
+      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp, stream);
     }
-    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, one_grid_mlp,
-              /*next_qkv=*/qkv_in_mlp && l + 1 < layers, stream);
+    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, one_grid_mlp, stream);
   }
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.

@@ -141,10 +141,6 @@ class LlamaModel {
   // GEMV without a bias, and GRAPHDECODE_STREAM_MLP is not 0 (default: rows <= 2, where it was
   // measured ahead; all: up to 8).
   bool fuses_mlp_block(std::int32_t rows) const;
-  // True when each of those blocks but the last layer's also runs the next layer's qkv GEMV
-  // (StreamMlpArgs::w_next): fuses_mlp_block, its consumers not the fma ones, and
-  // GRAPHDECODE_STREAM_MLP_QKV not 0. The step's bits do not change.
-  bool mlp_block_runs_qkv(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
@@ -152,10 +148,8 @@ class LlamaModel {
   bool mlp_block_fits(std::int32_t rows) const;
   // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
   // o_adds: the o projection adds its output to residual_ and leaves sum_sq_ (fuses_mlp_block).
-  // qkv_ready: qkv_ holds the layer's qkv projection already (mlp_block_runs_qkv).
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
-                       std::int32_t rows, bool norm_in, bool o_adds, bool qkv_ready,
-                       cudaStream_t stream);
+                       std::int32_t rows, bool norm_in, bool o_adds, cudaStream_t stream);
   // Cross layers (engine/llama_cross.cu): q projection, per-head q norm, attention over the
   // encoder keys, o projection into proj_.
   void cross_attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
@@ -167,11 +161,9 @@ class LlamaModel {
                 std::int32_t rows, bool mlp, cudaStream_t stream);
   // add_residual: the down projection adds its output to residual_ and leaves sum_sq_ for the
   // next layer's qkv GEMV (fuses_input_norm). one_grid: the block in one kernel
-  // (fuses_mlp_block; the o projection added its output to residual_ already). next_qkv (with
-  // one_grid and add_residual): the block also runs layer + 1's qkv GEMV into qkv_
-  // (mlp_block_runs_qkv).
+  // (fuses_mlp_block; the o projection added its output to residual_ already).
   void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows, bool add_residual,
-                 bool one_grid, bool next_qkv, cudaStream_t stream);
+                 bool one_grid, cudaStream_t stream);
   void norm(const std::uint16_t* x, std::uint16_t* residual, const std::uint16_t* w,
             std::uint16_t* y, const std::int32_t* num_rows, std::int32_t max_rows,
             std::int32_t hidden, cudaStream_t stream) const;
@@ -222,9 +214,6 @@ class LlamaModel {
   // -1.7% for the block at rows 1, +12% at rows 2 (probe_stream_mlp_trace, t136).
   static constexpr std::int32_t kStreamMlpFmaMaxRows = 2;
   bool stream_mlp_fma_ = false;
-  // The MLP block also runs the next layer's qkv GEMV (StreamMlpArgs::w_next; bitwise the same
-  // step). GRAPHDECODE_STREAM_MLP_QKV=0 when the model was made: off (A/B runs).
-  bool stream_mlp_qkv_ = true;
   bool fuse_norm_ = true;  // GRAPHDECODE_FUSE_NORM=0 when the model was made: off (A/B runs)
   // The SwiGLU in the gate_up GEMM's epilogue where the warpgroup GEMM runs it (Gemm::
   // fuses_swiglu); GRAPHDECODE_FUSE_SWIGLU=0 when the model was made: off (A/B runs).

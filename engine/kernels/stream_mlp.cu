@@ -64,11 +64,6 @@ struct Params {
   std::int32_t down_chunks;  // stages per down tile (k = inter)
   RingShape ring;
   std::int32_t x_row_bytes;  // 2 max(hidden, inter) + kRowPad: x, then act, in one region
-  // kNext (last: the other kernels' parameters keep their offsets)
-  const std::uint16_t* w_next;       // [next_n][hidden]
-  const std::uint16_t* next_norm_w;  // [hidden]
-  std::uint16_t* next_y;             // [rows][next_n]
-  std::int32_t next_n, next_tiles;   // W_next's rows, ceil(next_n / 8) tiles
 };
 
 __device__ __forceinline__ unsigned long long load_acquire64(const unsigned long long* p) {
@@ -196,8 +191,7 @@ __device__ __forceinline__ float row_of(const float (&sum)[kFmaMaxRows], int lan
   return v;
 }
 
-// kNext: the next layer's qkv GEMV after a second grid barrier (StreamMlpArgs::w_next).
-template <bool kFma, bool kNext>
+template <bool kFma>
 __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem);
@@ -214,10 +208,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
   const int db = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.out_tiles / gridDim.x);
   const int de =
       static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.out_tiles / gridDim.x);
-  // kNext: W_next's tiles as the stream GEMV would split them over this grid, [nb, ne).
-  const int nb = static_cast<int>(static_cast<std::int64_t>(blockIdx.x) * p.next_tiles / gridDim.x);
-  const int ne =
-      static_cast<int>(static_cast<std::int64_t>(blockIdx.x + 1) * p.next_tiles / gridDim.x);
   int* stage_tag = reinterpret_cast<int*>(smem + kFixedBytes);
 
   // stream_ring.cuh's init_ring, written out: through the helper this kernel's SASS changed
@@ -280,12 +270,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
       for (int c = 0; c < p.down_chunks; ++c)
         issue(p.w_down, p.inter, tile * kTileRows, min(kTileRows, p.hidden - tile * kTileRows), c,
               kDownTag);
-    if constexpr (kNext) {  // the next GEMV's W right behind down's (tags past down: unread)
-      for (int tile = nb; tile < ne; ++tile)
-        for (int c = 0; c < p.gu_chunks; ++c)
-          issue(p.w_next, p.hidden, tile * kTileRows, min(kTileRows, p.next_n - tile * kTileRows),
-                c, kDownTag);
-    }
     if (lane == 0) stamp(p, kAllIssued);
     return;
   }
@@ -395,28 +379,6 @@ __global__ void __launch_bounds__(kThreads, 1) stream_mlp_kernel(const __grid_co
     }
   }
   if (p.residual != nullptr) store_squares(sq, p.sum_sq_out, p.rows, ct);
-  if constexpr (kNext) {
-    // This CTA's residual and squares are stored; then every CTA's are (the barrier's second
-    // round: each launch adds 2 gridDim.x arrivals).
-    consumers_sync();
-    if (ct == 0) grid_barrier(p.sync, p.error_flag);
-    consumers_sync();
-    // x = rmsnorm(residual) as the stream GEMV's prologue, from L2: other SMs wrote both the
-    // residual and the squares in this grid, and this SM read lines of both at its start.
-    stage_x<true>(
-        xs, p.x_row_bytes, p.residual, p.rows, p.hidden, p.next_norm_w, p.sum_sq_out,
-        static_cast<int>(gridDim.x), p.eps, red, cw, lane, ct,
-        [](const std::uint16_t* at) { return __ldcg(reinterpret_cast<const uint4*>(at)); });
-    for (int tile = nb; tile < ne; ++tile) {
-      float acc0, acc1;
-      tile_products(p.ring, ring, full, empty, cur, xs, p.x_row_bytes, p.hidden, p.gu_chunks, cw,
-                    lane, x_row, acc0, acc1);
-      const float sum = tile_sum(red, tiles_done++ & 1, cw, lane, ct, acc0, acc1);
-      const int col = tile * kTileRows + tc;
-      if (cell_row && col < p.next_n)
-        p.next_y[static_cast<std::size_t>(m) * p.next_n + col] = float_to_bf16_bits(sum);
-    }
-  }
   if (ct == 0) stamp(p, kEnd);
 }
 
@@ -480,28 +442,14 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
              "the residual epilogue needs both residual and sum_sq_out, or neither");
   GD_REQUIRE(!a.fma || a.rows <= kFmaMaxRows, "rows", a.rows,
              "the CUDA-core consumers (fma) take 1.." + std::to_string(kFmaMaxRows) + " rows");
-  const bool next =
-      a.w_next != nullptr || a.next_norm_weight != nullptr || a.next_y != nullptr || a.next_n != 0;
-  if (next) {
-    GD_REQUIRE(a.next_n > 0 && a.next_n % 8 == 0, "next_n", a.next_n,
-               "must be a positive multiple of 8");
-    const std::pair<const void*, const char*> next_aligned[] = {
-        {a.w_next, "w_next"}, {a.next_norm_weight, "next_norm_weight"}, {a.next_y, "next_y"}};
-    for (const auto& [ptr, name] : next_aligned) {
-      GD_REQUIRE(ptr != nullptr, name, "nullptr", "the next layer's GEMV needs all its fields");
-      GD_REQUIRE(aligned16(ptr), name, ptr, "must be 16-byte aligned");
-    }
-    GD_REQUIRE(a.residual != nullptr, "residual", "nullptr",
-               "the next layer's GEMV reads the residual and squares this block leaves");
-    GD_REQUIRE(!a.fma, "fma", "true", "the next layer's GEMV runs on the mma consumers only");
-  }
   GD_REQUIRE(a.sync != nullptr, "sync", "nullptr", "the grid's four zeroed words");
   GD_REQUIRE(reinterpret_cast<std::uintptr_t>(a.sync) % 8 == 0, "sync", a.sync,
              "must be 8-byte aligned (a 64-bit arrival count)");
   static const bool opted_in = [&] {
-    for (void (*k)(Params) : {stream_mlp_kernel<false, false>, stream_mlp_kernel<true, false>,
-                              stream_mlp_kernel<false, true>})
-      GD_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
+    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
+    GD_CUDA(cudaFuncSetAttribute(stream_mlp_kernel<true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem));
     return true;
   }();
   static_cast<void>(opted_in);
@@ -520,11 +468,6 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
   p.sync = a.sync;
   p.error_flag = a.error_flag;
   p.trace = a.trace;
-  p.w_next = a.w_next;
-  p.next_norm_w = a.next_norm_weight;
-  p.next_y = a.next_y;
-  p.next_n = a.next_n;
-  p.next_tiles = (a.next_n + kTileRows - 1) / kTileRows;
   p.rows = a.rows;
   p.hidden = a.hidden;
   p.inter = a.inter;
@@ -541,9 +484,7 @@ void stream_mlp(const SkinnyGemmDevice& dev, const StreamMlpArgs& a, cudaStream_
       static_cast<std::size_t>(kMlpFixedBytes + x_region_bytes(a.rows, a.hidden, a.inter)) +
       static_cast<std::size_t>(p.ring.stages) * p.ring.stage_bytes;
   const dim3 grid(static_cast<unsigned>(stream_mlp_grid(dev, a.hidden)));
-  void (*kernel)(Params) = a.fma  ? stream_mlp_kernel<true, false>
-                           : next ? stream_mlp_kernel<false, true>
-                                  : stream_mlp_kernel<false, false>;
+  void (*kernel)(Params) = a.fma ? stream_mlp_kernel<true> : stream_mlp_kernel<false>;
   if (!a.cooperative) {
     launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p);
     return;

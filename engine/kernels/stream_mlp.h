@@ -3,7 +3,6 @@
 //   normed = rmsnorm(x)                                  (from the o projection's squares)
 //   act    = swiglu(normed W_gate^T, normed W_up^T)      (each rounded to bf16, as the kernels)
 //   y      = act W_down^T;  residual += y, and its squares for the next layer's qkv GEMV
-//   next_y = rmsnorm(residual) W_next^T                  (optional: that GEMV, in this grid)
 // The same bits as the stream GEMV with its norm prologue into gate_up, the swiglu kernel, and
 // the stream GEMV with its residual epilogue (stream_gemv.h): it runs their tile code
 // (stream_ring.cuh) on the same tiles, CTA by CTA.
@@ -16,8 +15,7 @@
 //
 // The gate/up tiles past each CTA's first ring fill are claimed by the CTAs as they stream (a
 // counter in `sync`), the down tiles are fixed. The hand-off between the halves is a grid barrier
-// in global memory (`sync`, zeroed once; a second one before the next layer's GEMV when it runs
-// here; each launch leaves it ready for the next, so a replayed
+// in global memory (`sync`, zeroed once; each launch leaves it ready for the next, so a replayed
 // graph needs no reset; launches on one `sync` may follow each other directly, since a launch
 // touches it only after the prior grid's end, but must have the same hidden, so the same grid):
 // every CTA must be resident at once, which the cooperative launch guarantees (and otherwise one
@@ -53,19 +51,8 @@ struct StreamMlpArgs {
   std::uint16_t* y = nullptr;                // [rows][hidden] the down projection, bf16
   // Optional (both or neither): residual += y (bf16, as the rmsnorm kernel's add) and each CTA's
   // sum of squares of the new residual over its columns, sum_sq_out[cta][row].
-  std::uint16_t* residual = nullptr;  // [rows][hidden]; may alias x
-  float* sum_sq_out = nullptr;        // [stream_mlp_grid(dev, hidden)][rows]
-  // Optional (all or none; needs the residual epilogue, not fma): the next layer's qkv GEMV in
-  // this grid. After a second grid barrier (every CTA's residual and squares written), next_y =
-  // rmsnorm(residual, next_norm_weight) W_next^T from the squares this launch left: bitwise the
-  // stream GEMV with its norm prologue that would run next (stream_gemv.h). Its W streams
-  // through the ring right after down's, so it needs no kernel start of its own: at B = 1 that
-  // GEMV added ~7.3 us a layer for ~3 us of bytes, starting cold after this grid's exit (its
-  // CTAs cannot be resident beside this one's; bench/NOTES.md 118, 125).
-  const std::uint16_t* w_next = nullptr;            // [next_n][hidden]
-  const std::uint16_t* next_norm_weight = nullptr;  // [hidden] the next layer's input RMSNorm
-  std::uint16_t* next_y = nullptr;                  // [rows][next_n] bf16
-  std::int32_t next_n = 0;
+  std::uint16_t* residual = nullptr;   // [rows][hidden]; may alias x
+  float* sum_sq_out = nullptr;         // [stream_mlp_grid(dev, hidden)][rows]
   std::uint32_t* sync = nullptr;       // [kStreamMlpSyncWords] zeroed before first use
   std::int32_t* error_flag = nullptr;  // [1] kStreamMlpStallBit on a barrier timeout
   // Diagnosis (bench/probes/stream_mlp_trace.cu): each CTA's %globaltimer at kStreamMlpStamps

@@ -126,10 +126,8 @@ struct RingCursor {
 // ct. With norm_w set, as rmsnorm(x) (stream_gemv.h StreamGemvFusion's prologue): row r's inverse
 // RMS from the parts' sums (warp r: lanes stride the parts, then a fixed xor tree) into red[r]
 // first. `load` reads 16 bytes of x (a plain load, or an L2-only one for data other CTAs of the
-// same grid wrote); kSquaresFromL2: the squares too (the MLP block's next-layer GEMV reads the
-// squares its own grid left, in a buffer this SM may hold stale lines of). Ends with the
-// consumers' barrier.
-template <bool kSquaresFromL2 = false, typename Load16>
+// same grid wrote). Ends with the consumers' barrier.
+template <typename Load16>
 __device__ __forceinline__ void stage_x(unsigned char* xs, int x_row_bytes, const std::uint16_t* x,
                                         int rows, int k, const std::uint16_t* norm_w,
                                         const float* sum_sq_in, int parts, float eps, float* red,
@@ -144,8 +142,7 @@ __device__ __forceinline__ void stage_x(unsigned char* xs, int x_row_bytes, cons
   } else {
     if (cw < rows) {
       float ss = 0.f;
-      for (int c = lane; c < parts; c += 32)
-        ss += kSquaresFromL2 ? __ldcg(sum_sq_in + c * rows + cw) : sum_sq_in[c * rows + cw];
+      for (int c = lane; c < parts; c += 32) ss += sum_sq_in[c * rows + cw];
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) red[cw] = rsqrtf(ss / static_cast<float>(k) + eps);

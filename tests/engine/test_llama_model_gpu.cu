@@ -375,49 +375,6 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
   EXPECT_EQ(flag, 0);
 }
 
-// Where the MLP block runs (rows <= 2 by default) it also runs the next layer's qkv GEMV
-// (LlamaModel::mlp_block_runs_qkv, StreamMlpArgs::w_next), which changes no bit of the step: three
-// replayed decode steps of 2 requests bitwise equal to GRAPHDECODE_STREAM_MLP_QKV=0 (the qkv stream
-// GEMV after the block), and an eager run of the last step bitwise equal to its replay.
-TEST_F(LlamaModelGpu, MlpBlockRunningTheNextQkvIsBitwiseTheSeparateGemv) {
-  const ModelConfig config = small_test_config();
-  const HostWeights w = synthetic_weights(config, 43);
-  const bool plain = plain_gemm_forced();
-  const std::unique_ptr<Harness> folded = harness_with(w, 2, "GRAPHDECODE_STREAM_MLP_QKV", nullptr);
-  const std::unique_ptr<Harness> apart = harness_with(w, 2, "GRAPHDECODE_STREAM_MLP_QKV", "0");
-  for (std::int32_t rows : {1, 2}) {
-    EXPECT_EQ(folded->model->mlp_block_runs_qkv(rows), !plain) << rows;
-    EXPECT_FALSE(apart->model->mlp_block_runs_qkv(rows)) << rows;
-  }
-  EXPECT_FALSE(folded->model->mlp_block_runs_qkv(4));  // no block there by default
-  const std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  std::vector<StepRequest> freq = folded->prefill(seqs), areq = apart->prefill(seqs);
-  std::vector<std::int32_t> ids;
-  std::vector<float> got, want;
-  for (std::int32_t step = 0; step < 3; ++step) {
-    ids.clear();
-    for (std::size_t p = 0; p < seqs.size(); ++p) {
-      freq[p].extend_len = areq[p].extend_len = 1;
-      ids.push_back(static_cast<std::int32_t>((p * 23 + static_cast<std::size_t>(step) * 7 + 3) %
-                                              static_cast<std::size_t>(config.vocab_size)));
-    }
-    ASSERT_EQ(folded->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, freq, ids, got),
-              StepPath::kGraph);
-    ASSERT_EQ(apart->run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, areq, ids, want),
-              StepPath::kGraph);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << step;
-    for (float x : got) ASSERT_TRUE(std::isfinite(x));
-  }
-  std::vector<float> eager;
-  ASSERT_TRUE(folded->rerun_decode_eagerly(freq, ids, eager));
-  ASSERT_EQ(eager.size(), got.size());
-  EXPECT_EQ(std::memcmp(got.data(), eager.data(), got.size() * sizeof(float)), 0);
-  std::int32_t flag = -1;  // no grid barrier timed out (kStreamMlpStallBit)
-  GD_CUDA(cudaMemcpy(&flag, folded->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(flag, 0);
-}
-
 // A target-verify step of N = 4 tokens per request, captured with logits for every row, gives
 // the same 4N logits rows as 4 single-token decode steps over the same tokens (within bf16
 // rounding: the two run GEMMs and attention of different shapes), and matches the float64

@@ -33,7 +33,6 @@
 #include "engine/kernels/stream_mlp.h"
 #include "gemm_test_data.h"
 #include "graphs/cuda_graph.h"
-#include "stream_mlp_blocks.h"
 #include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
@@ -43,11 +42,160 @@ namespace {
 
 using namespace graphdecode::testing;
 using reference::bf16_to_float;
+using Bits = std::vector<std::uint16_t>;
 
 class StreamMlpGpu : public GpuTest {};
 
+struct Weights {
+  int hidden = 0, inter = 0;
+  Bits norm_w, gate_up, down;
+  DeviceBuffer<std::uint16_t> d_norm, d_gate_up, d_down;
+};
+
+Weights make_weights(Rng& rng, int hidden, int inter, cudaStream_t s) {
+  Weights w;
+  w.hidden = hidden;
+  w.inter = inter;
+  w.norm_w = random_bits(rng, hidden, false);
+  w.gate_up = random_bits(rng, static_cast<std::size_t>(2) * inter * hidden, false);
+  w.down = random_bits(rng, static_cast<std::size_t>(hidden) * inter, false);
+  w.d_norm = to_device(w.norm_w, s);
+  w.d_gate_up = to_device(w.gate_up, s);
+  w.d_down = to_device(w.down, s);
+  return w;
+}
+
+// What one block leaves: act, y, the residual and the squares (+ one guard row / part each).
+struct Outputs {
+  Bits act, y, residual;
+  std::vector<float> sq;
+};
+
+constexpr int kParts = 7;  // the squares' parts the block reads (any split)
+constexpr float kEps = 1e-5f;
+
+// The four kernels it replaces: the stream GEMV normed into gate_up, swiglu, the stream GEMV with
+// the residual epilogue.
+Outputs run_chain(const SkinnyGemmDevice& dev, const Weights& w, int rows, const Bits& res,
+                  const std::vector<float>& sq_in, int parts_in, cudaStream_t s) {
+  const int h = w.hidden, inter = w.inter, parts = stream_mlp_grid(dev, h);
+  auto dres = to_device(res, s);
+  auto dsq_in = to_device(sq_in, s);
+  DeviceBuffer<std::uint16_t> gate_up(static_cast<std::size_t>(rows) * 2 * inter);
+  DeviceBuffer<std::uint16_t> act(static_cast<std::size_t>(rows + 1) * inter);
+  DeviceBuffer<std::uint16_t> y(static_cast<std::size_t>(rows + 1) * h);
+  DeviceBuffer<float> sq(static_cast<std::size_t>(parts + 1) * rows);
+  for (auto* b : {&gate_up, &act, &y}) b->fill_bytes(0xff, s);
+  sq.fill_bytes(0xff, s);
+  StreamGemvFusion pro;
+  pro.norm_weight = w.d_norm.data();
+  pro.sum_sq_in = dsq_in.data();
+  pro.parts = parts_in;
+  pro.eps = kEps;
+  stream_gemv(dev, {dres.data(), w.d_gate_up.data(), gate_up.data(), rows, h, 2 * inter, false}, s,
+              pro);
+  auto live = to_device(std::vector<std::int32_t>{rows}, s);
+  SwiGluArgs g;
+  g.gate_up = gate_up.data();
+  g.out = act.data();
+  g.num_rows = live.data();
+  g.max_rows = rows;
+  g.inter = inter;
+  swiglu(g, s);
+  StreamGemvFusion epi;
+  epi.residual = dres.data();
+  epi.sum_sq_out = sq.data();
+  stream_gemv(dev, {act.data(), w.d_down.data(), y.data(), rows, inter, h, false}, s, epi);
+  return {to_host(act, s), to_host(y, s), to_host(dres, s), to_host(sq, s)};
+}
+
+// n zeroed elements: the grid's sync words and the error flag start at zero.
+template <typename T>
+DeviceBuffer<T> zeroed(std::size_t n, cudaStream_t s) {
+  DeviceBuffer<T> b(n);
+  b.fill_bytes(0, s);
+  return b;
+}
+
+// Device buffers of one block's launch; residual aliases x, as in the model.
+struct BlockBuffers {
+  DeviceBuffer<std::uint16_t> res, act, y;
+  DeviceBuffer<float> sq_in, sq_out;
+  StreamMlpArgs args;
+};
+
+void make_block(const SkinnyGemmDevice& dev, const Weights& w, int rows, const Bits& res,
+                const std::vector<float>& sq_in, DeviceBuffer<std::uint32_t>& sync,
+                DeviceBuffer<std::int32_t>& flag, BlockBuffers& b, cudaStream_t s) {
+  const int h = w.hidden, inter = w.inter;
+  b.res = to_device(res, s);
+  b.sq_in = to_device(sq_in, s);
+  b.act = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(rows + 1) * inter);
+  b.y = DeviceBuffer<std::uint16_t>(static_cast<std::size_t>(rows + 1) * h);
+  b.sq_out = DeviceBuffer<float>(static_cast<std::size_t>(stream_mlp_grid(dev, h) + 1) * rows);
+  b.act.fill_bytes(0xff, s);
+  b.y.fill_bytes(0xff, s);
+  b.sq_out.fill_bytes(0xff, s);
+  StreamMlpArgs& a = b.args;
+  a.x = b.res.data();
+  a.norm_weight = w.d_norm.data();
+  a.sum_sq_in = b.sq_in.data();
+  a.parts = kParts;
+  a.eps = kEps;
+  a.w_gate_up = w.d_gate_up.data();
+  a.w_down = w.d_down.data();
+  a.act = b.act.data();
+  a.y = b.y.data();
+  a.residual = b.res.data();
+  a.sum_sq_out = b.sq_out.data();
+  a.sync = sync.data();
+  a.error_flag = flag.data();
+  a.rows = rows;
+  a.hidden = h;
+  a.inter = inter;
+}
+
+Outputs read_block(BlockBuffers& b, cudaStream_t s) {
+  return {to_host(b.act, s), to_host(b.y, s), to_host(b.res, s), to_host(b.sq_out, s)};
+}
+
+// Fresh residual rows and their squares into a block's inputs (before a graph replay).
+void upload_inputs(BlockBuffers& b, const Bits& res, const std::vector<float>& sq_in,
+                   cudaStream_t s) {
+  GD_CUDA(cudaMemcpyAsync(b.res.data(), res.data(), res.size() * sizeof(res[0]),
+                          cudaMemcpyHostToDevice, s));
+  GD_CUDA(cudaMemcpyAsync(b.sq_in.data(), sq_in.data(), sq_in.size() * sizeof(sq_in[0]),
+                          cudaMemcpyHostToDevice, s));
+}
+
+// The same bits (the guard part is a NaN pattern, which == would call unequal).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Bitwise equal, the guard row / part of the block's outputs still poisoned.
+void expect_same(const Outputs& got, const Outputs& want, int rows, int h, int inter) {
+  const auto act_cells = static_cast<std::size_t>(rows) * inter;
+  const auto y_cells = static_cast<std::size_t>(rows) * h;
+  for (std::size_t i = 0; i < act_cells; ++i)
+    ASSERT_EQ(got.act[i], want.act[i]) << "act element " << i;
+  for (std::size_t i = act_cells; i < got.act.size(); ++i)
+    ASSERT_EQ(got.act[i], 0xffff) << "act guard row element " << i - act_cells;
+  for (std::size_t i = 0; i < y_cells; ++i) ASSERT_EQ(got.y[i], want.y[i]) << "y element " << i;
+  for (std::size_t i = y_cells; i < got.y.size(); ++i)
+    ASSERT_EQ(got.y[i], 0xffff) << "y guard row element " << i - y_cells;
+  ASSERT_EQ(got.residual, want.residual) << "residual";
+  const std::size_t parts_cells = got.sq.size() - static_cast<std::size_t>(rows);
+  for (std::size_t i = 0; i < parts_cells; ++i) {
+    ASSERT_TRUE(std::isfinite(got.sq[i])) << "squares element " << i << " unwritten";
+    ASSERT_EQ(got.sq[i], want.sq[i]) << "squares element " << i;
+  }
+  for (std::size_t i = parts_cells; i < got.sq.size(); ++i)
+    ASSERT_TRUE(std::isnan(got.sq[i])) << "guard part element " << i - parts_cells << " written";
+}
+
 // act within the float64 bound of swiglu(normed W_gate^T, normed W_up^T) and y of act W_down^T.
-void expect_near_float64(const MlpWeights& w, int rows, const Bits& res, const BlockOutputs& got) {
+void expect_near_float64(const Weights& w, int rows, const Bits& res, const Outputs& got) {
   const int h = w.hidden, inter = w.inter;
   for (int r = 0; r < rows; ++r) {
     const std::uint16_t* xr = res.data() + static_cast<std::size_t>(r) * h;
@@ -95,6 +243,15 @@ void expect_near_float64(const MlpWeights& w, int rows, const Bits& res, const B
   }
 }
 
+// Every CTA of every launch arrived once; the claims reset, no timeout.
+void expect_launches(const std::vector<std::uint32_t>& words, std::uint64_t arrivals) {
+  std::uint64_t got = 0;
+  std::memcpy(&got, words.data(), sizeof(got));
+  EXPECT_EQ(got, arrivals) << "arrivals: every CTA of every launch once";
+  EXPECT_EQ(words[2], 0u) << "claims left";
+  EXPECT_EQ(words[3], 0u) << "barrier timeouts";
+}
+
 TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
@@ -109,7 +266,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
   // multiple of a stage, and 33 CTAs.
   for (const Shape& sh :
        {Shape{2048, 8192, {1, 2, 5, 8}}, Shape{2048, 512, {1, 8}}, Shape{264, 1000, {3}}}) {
-    const MlpWeights w = make_weights(rng, sh.hidden, sh.inter, s.get());
+    const Weights w = make_weights(rng, sh.hidden, sh.inter, s.get());
     // One sync block per shape: every launch on one has the same grid (stream_mlp.h).
     DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
     std::uint64_t arrivals = 0;
@@ -119,7 +276,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       ASSERT_TRUE(stream_mlp_supported(dev, rows, sh.hidden, sh.inter));
       Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * sh.hidden, false);
       const std::vector<float> sq_in = split_squares(res, rows, sh.hidden, kParts);
-      const BlockOutputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
+      const Outputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
       // With the residual epilogue, then without it (y alone, the residual untouched), launched
       // back to back on one sync: with 33 CTAs the second launch's CTAs are resident while the
       // first runs.
@@ -131,7 +288,7 @@ TEST_F(StreamMlpGpu, EqualsTheFourKernelsBitwise) {
       stream_mlp(dev, b.args, s.get());
       stream_mlp(dev, plain.args, s.get());
       arrivals += 2ull * static_cast<std::uint64_t>(stream_mlp_grid(dev, sh.hidden));
-      const BlockOutputs got = read_block(b, s.get());
+      const Outputs got = read_block(b, s.get());
       expect_same(got, want, rows, sh.hidden, sh.inter);
       if (sh.inter <= 1000 || rows <= 2) expect_near_float64(w, rows, res, got);
       ASSERT_EQ(to_host(plain.y, s.get()), got.y) << "y without the epilogue";
@@ -148,8 +305,8 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   const int h = 2048, inter = 8192, rows = 2;
-  const MlpWeights w1 = make_weights(rng, h, inter, s.get()),
-                   w2 = make_weights(rng, h, inter, s.get());
+  const Weights w1 = make_weights(rng, h, inter, s.get()),
+                w2 = make_weights(rng, h, inter, s.get());
   // One sync block per launch site, as the model's layers.
   DeviceBuffer<std::uint32_t> sync1 = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get()),
                               sync2 = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
@@ -176,10 +333,10 @@ TEST_F(StreamMlpGpu, GraphOfTwoBlocksReplaysOnFreshInputs) {
     upload_inputs(b1, res, sq_in, s.get());
     graph.launch(s.get());
     // Eager: the first block's chain, then the second's on its outputs.
-    const BlockOutputs want1 = run_chain(dev, w1, rows, res, sq_in, kParts, s.get());
-    const BlockOutputs want2 = run_chain(
-        dev, w2, rows, want1.residual, std::vector<float>(want1.sq.begin(), want1.sq.end() - rows),
-        stream_mlp_grid(dev, h), s.get());
+    const Outputs want1 = run_chain(dev, w1, rows, res, sq_in, kParts, s.get());
+    const Outputs want2 = run_chain(dev, w2, rows, want1.residual,
+                                    std::vector<float>(want1.sq.begin(), want1.sq.end() - rows),
+                                    stream_mlp_grid(dev, h), s.get());
     ASSERT_EQ(to_host(b1.y, s.get()), want1.y) << "block 1 y";
     ASSERT_TRUE(same_bits(to_host(b1.sq_out, s.get()), want1.sq)) << "block 1 squares";
     ASSERT_EQ(to_host(b1.res, s.get()), want2.residual) << "the residual after both blocks";
@@ -199,7 +356,7 @@ TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   const int h = 2048, inter = 8192, rows = 1;
-  const MlpWeights w = make_weights(rng, h, inter, s.get());
+  const Weights w = make_weights(rng, h, inter, s.get());
   DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
   DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   Bits res = random_bits(rng, static_cast<std::size_t>(rows + 1) * h, false);
@@ -218,7 +375,7 @@ TEST_F(StreamMlpGpu, CooperativeLaunchGivesTheSameBits) {
     sq_in = split_squares(res, rows, h, kParts);
     upload_inputs(b, res, sq_in, s.get());
     graph.launch(s.get());
-    const BlockOutputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
+    const Outputs want = run_chain(dev, w, rows, res, sq_in, kParts, s.get());
     ASSERT_EQ(to_host(b.y, s.get()), want.y) << "y";
     ASSERT_EQ(to_host(b.res, s.get()), want.residual) << "residual";
   }
@@ -236,7 +393,7 @@ TEST_F(StreamMlpGpu, FmaConsumersMatchFloat64) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   DeviceBuffer<std::int32_t> flag = zeroed<std::int32_t>(1, s.get());
   for (const auto& [h, inter] : {std::pair{2048, 8192}, std::pair{264, 1000}}) {
-    const MlpWeights w = make_weights(rng, h, inter, s.get());
+    const Weights w = make_weights(rng, h, inter, s.get());
     DeviceBuffer<std::uint32_t> sync = zeroed<std::uint32_t>(kStreamMlpSyncWords, s.get());
     std::uint64_t arrivals = 0;
     for (int rows : {1, 2}) {
@@ -250,7 +407,7 @@ TEST_F(StreamMlpGpu, FmaConsumersMatchFloat64) {
       stream_mlp(dev, b.args, s.get());
       stream_mlp(dev, again.args, s.get());
       arrivals += 2ull * stream_mlp_grid(dev, h);
-      const BlockOutputs got = read_block(b, s.get()), got2 = read_block(again, s.get());
+      const Outputs got = read_block(b, s.get()), got2 = read_block(again, s.get());
       expect_near_float64(w, rows, res, got);
       ASSERT_EQ(got.act, got2.act) << "act differs between two runs";
       ASSERT_EQ(got.y, got2.y) << "y differs between two runs";
