@@ -45,7 +45,7 @@ constexpr int kBK = 64;                          // k per tile: one 128-byte (sw
 constexpr int kNBlocks = 2;                      // 64-column blocks of y per CTA
 constexpr int kBN = 64 * kNBlocks;               // 128 columns per CTA
 constexpr int kBlockBytes = 64 * kBK * 2;        // one 64-row block of a k tile: 8 KiB
-constexpr int kMaxSplits = 16;                   // cluster size (16: non-portable, an opt-in)
+constexpr int kMaxSplits = 8;                    // portable cluster size
 constexpr int kMinTilesPerSplit = 4;             // k tiles per CTA at least (ring fill)
 constexpr int kCtasPerSm = 2;                    // the shared memory below leaves room for two
 constexpr int kRedStride = kBN + 4;              // floats per row of the partial (bank spread)
@@ -314,7 +314,7 @@ CUtensorMap encode_map(const std::uint16_t* m, std::int32_t rows, std::int32_t k
   return map;
 }
 
-// Clusters of 1, 2, 4, 8 and 16 CTAs the device holds at once (cudaOccupancyMaxActiveClusters),
+// Clusters of 1, 2, 4 and 8 CTAs the device holds at once (cudaOccupancyMaxActiveClusters),
 // filled by wgmma_gemm_available() at start-up. A cluster's CTAs share a GPC, so this is below
 // SMs * 2 / splits: on GPCs of 16-18 SMs, 32 clusters of 8 (the 8B o and down projections) did
 // not all fit side by side, and the last ones ran as a second wave.
@@ -333,12 +333,10 @@ void count_resident_clusters(int sms) {
 }
 
 template <int kMBlocks>
-void set_kernel_attributes() {
+void set_smem_limit() {
   GD_CUDA(cudaFuncSetAttribute(wgmma_gemm_kernel<kMBlocks>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                smem_bytes<kMBlocks>()));
-  GD_CUDA(cudaFuncSetAttribute(wgmma_gemm_kernel<kMBlocks>,
-                               cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 }
 
 }  // namespace
@@ -355,8 +353,8 @@ bool wgmma_gemm_available() {
     int has = 0;
     GD_CUDA(cudaMemcpyFromSymbol(&has, g_wgmma_probe, sizeof(has)));
     if (has != 1) return false;
-    set_kernel_attributes<1>();
-    set_kernel_attributes<2>();
+    set_smem_limit<1>();
+    set_smem_limit<2>();
     int sms = 0;
     GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     count_resident_clusters(sms);
@@ -372,25 +370,18 @@ bool wgmma_gemm_supported(std::int32_t rows, std::int32_t k, std::int32_t n) {
 
 namespace {
 
-// A power of two in 1..16 from the environment variable `name`, 0 when unset; anything else is
-// refused.
-std::int32_t split_count_from_env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return 0;
-  const int c = std::atoi(v);
-  GD_REQUIRE(c >= 1 && c <= kMaxSplits && (c & (c - 1)) == 0, name, v, "must be 1, 2, 4, 8 or 16");
-  return static_cast<std::int32_t>(c);
-}
-
-// GRAPHDECODE_WGMMA_SPLITS sets the split wherever k allows it, residency aside (sweeps);
-// GRAPHDECODE_WGMMA_MAX_SPLITS caps the rule's split (A/B of the 16-CTA clusters). 0 = unset.
+// GRAPHDECODE_WGMMA_SPLITS (1, 2, 4 or 8) sets the split wherever k allows it, residency aside
+// (sweeps); 0 = the rule below. Anything else is refused.
 std::int32_t splits_from_env() {
-  static const std::int32_t forced = split_count_from_env("GRAPHDECODE_WGMMA_SPLITS");
+  static const std::int32_t forced = [] {
+    const char* v = std::getenv("GRAPHDECODE_WGMMA_SPLITS");
+    if (v == nullptr) return 0;
+    const int c = std::atoi(v);
+    GD_REQUIRE(c == 1 || c == 2 || c == 4 || c == 8, "GRAPHDECODE_WGMMA_SPLITS", v,
+               "must be 1, 2, 4 or 8");
+    return static_cast<std::int32_t>(c);
+  }();
   return forced;
-}
-std::int32_t max_splits_from_env() {
-  static const std::int32_t cap = split_count_from_env("GRAPHDECODE_WGMMA_MAX_SPLITS");
-  return cap != 0 ? cap : kMaxSplits;
 }
 
 }  // namespace
@@ -398,10 +389,10 @@ std::int32_t max_splits_from_env() {
 std::int32_t wgmma_gemm_splits(std::int32_t k, std::int32_t n) {
   if (!wgmma_gemm_available()) return 1;
   const std::int32_t n_tiles = (n + kBN - 1) / kBN, k_tiles = k / kBK;
-  const std::int32_t forced = splits_from_env(), cap = max_splits_from_env();
+  const std::int32_t forced = splits_from_env();
   std::int32_t s = 1;
   // Split k while every CTA keeps a few tiles and the n tiles' clusters are resident together.
-  while (2 * s <= cap && k_tiles / (2 * s) >= kMinTilesPerSplit &&
+  while (2 * s <= kMaxSplits && k_tiles / (2 * s) >= kMinTilesPerSplit &&
          (forced != 0 ? 2 * s <= forced : n_tiles <= g_resident_clusters[2 * s]))
     s *= 2;
   return s;

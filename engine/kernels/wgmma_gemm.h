@@ -44,10 +44,9 @@ bool wgmma_gemm_available();
 // 64, n a positive multiple of 8.
 bool wgmma_gemm_supported(std::int32_t rows, std::int32_t k, std::int32_t n);
 
-// CTAs of the cluster that share one tile's k (1, 2, 4, 8 or 16), from n, k and the clusters of
-// each size the device holds at once (asked at start-up): the largest split whose clusters all
-// stay resident, each CTA keeping >= 4 k tiles. GRAPHDECODE_WGMMA_SPLITS=1|2|4|8|16 sets it
-// (sweeps), GRAPHDECODE_WGMMA_MAX_SPLITS caps the rule.
+// CTAs of the cluster that share one tile's k (1, 2, 4 or 8), from n, k and the clusters of each
+// size the device holds at once (asked at start-up): the largest split whose clusters all stay
+// resident, each CTA keeping >= 4 k tiles. GRAPHDECODE_WGMMA_SPLITS=1|2|4|8 sets it (sweeps).
 std::int32_t wgmma_gemm_splits(std::int32_t k, std::int32_t n);
 
 // What the kernel does with a tile's sums.

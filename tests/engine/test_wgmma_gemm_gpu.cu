@@ -1,5 +1,5 @@
 // GPU: the warpgroup GEMM (rows 1-128, engine/kernels/wgmma_gemm.h) against a float64 reference and
-// cuBLAS, at k splits of 1-16 over the cluster, one and two 64-row blocks, partial column tiles;
+// cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
 // the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments. Fresh random
 // data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,19 +51,12 @@ TEST_F(WgmmaGemmGpu, MatchesFloat64AndCublas) {
   gemm.set_skinny(false);
   gemm.set_wgmma(false);  // cuBLAS
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  // {k, n}: splits 1 (k 256), 2 (512 x 1000: a partial last column tile), 16 (8192 x 264; 8192 x
-  // 2048: the 1B down, where 16-CTA clusters are resident), 8 (2048 x 3072: the 1B qkv).
+  // {k, n}: splits 1 (k 256), 2 (512 x 1000: a partial last column tile), 8 (8192 x 264, 2048 x
+  // 3072: the 1B qkv).
   std::vector<std::pair<int, int>> shapes{{256, 136}, {512, 1000}, {8192, 264}};
-  if (!sanitize_mode()) {
-    shapes.push_back({2048, 3072});
-    shapes.push_back({8192, 2048});
-  }
+  if (!sanitize_mode()) shapes.push_back({2048, 3072});
   for (const auto& [k, n] : shapes) {
     SCOPED_TRACE("splits " + std::to_string(wgmma_gemm_splits(k, n)));
-    // 3 tiles of 128 k tiles: 16-CTA clusters, unless a sweep's knob caps the split.
-    if (k == 8192 && n == 264 && std::getenv("GRAPHDECODE_WGMMA_MAX_SPLITS") == nullptr &&
-        std::getenv("GRAPHDECODE_WGMMA_SPLITS") == nullptr)
-      EXPECT_EQ(wgmma_gemm_splits(k, n), 16);
     for (bool exact : {false, true}) {
       const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, exact);
       auto dw = to_device(w, s);
