@@ -375,6 +375,38 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
   EXPECT_EQ(flag, 0);
 }
 
+// The 8B width (hidden 4096, 32 q / 8 kv heads of 128, SwiGLU 14336; one layer, vocab 512): its
+// qkv (6144 outputs), o and down take the stream GEMV at rows <= 2 (Gemm's wide bound), so the
+// model folds the input norm and runs the MLP block there, and not at 4 rows. Three replayed
+// decode steps of two requests: logits within the verify-vs-decode bound of cuBLAS's
+// (GRAPHDECODE_GEMV=off: no GEMV, no fold) and of float64; no grid barrier timed out.
+TEST_F(LlamaModelGpu, MlpBlockRunsAtTheEightBWidthAtTwoRows) {
+  if (const char* v = std::getenv("GRAPHDECODE_SANITIZE"); v != nullptr && v[0] == '1')
+    GTEST_SKIP() << "2 x 218 M weights a step: too slow under the sanitizers";
+  ModelConfig config = small_test_config();
+  config.hidden_size = 4096;
+  config.intermediate_size = 14336;
+  config.num_attention_heads = 32;
+  config.num_key_value_heads = 8;
+  config.head_dim = 128;
+  config.num_hidden_layers = 1;
+  config.layers.assign(1, LayerAttention{});
+  config.validate();
+  const HostWeights w = synthetic_weights(config, 43);
+  const bool plain = plain_gemm_forced();
+  const std::unique_ptr<Harness> fast = harness_with(w, 4, "GRAPHDECODE_GEMV", nullptr);
+  const std::unique_ptr<Harness> cublas = harness_with(w, 4, "GRAPHDECODE_GEMV", "off");
+  for (std::int32_t rows : {1, 2}) EXPECT_EQ(fast->model->fuses_mlp_block(rows), !plain) << rows;
+  EXPECT_FALSE(fast->model->fuses_input_norm(4));
+  EXPECT_FALSE(cublas->model->fuses_input_norm(1));
+  // Short prompts: the float64 reference reruns each sequence at every step.
+  std::vector<std::vector<std::int32_t>> seqs = {{3, 141, 59}, {26, 53, 58, 97, 93, 238}};
+  ASSERT_NO_FATAL_FAILURE(expect_decode_steps_near(w, seqs, *fast, *cublas, 17, 5, 3));
+  std::int32_t flag = -1;  // kStreamMlpStallBit
+  GD_CUDA(cudaMemcpy(&flag, fast->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(flag, 0);
+}
+
 // A target-verify step of N = 4 tokens per request, captured with logits for every row, gives
 // the same 4N logits rows as 4 single-token decode steps over the same tokens (within bf16
 // rounding: the two run GEMMs and attention of different shapes), and matches the float64
