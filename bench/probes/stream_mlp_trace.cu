@@ -1,13 +1,15 @@
 // Diagnosis probe (issue 38): where the one-grid MLP block's time goes (engine/kernels/
-// stream_mlp.h), against the stream GEMVs over the same bytes. On the 1B shape (hidden 2048,
-// inter 8192), random weights and x, each launch after an L2 flush, eager (no kernel before it):
-//   * medians of N launches, us, with their bytes' rate: stream_mlp, the stream GEMV over
-//     gate_up (n 16384, k 2048) and over down (n 2048, k 8192);
+// stream_mlp.h), against the stream GEMVs and cuBLAS over the same bytes. On the 1B shape (hidden
+// 2048, inter 8192) or the 8B (4096, 14336), random weights and x, each launch after an L2 flush,
+// eager (no kernel before it):
+//   * medians of N launches, us, with their bytes' rate: stream_mlp; the stream GEMV and cuBLAS
+//     (Gemm with the GEMV and the warpgroup GEMM off) over gate_up (n 2 inter, k hidden) and over
+//     down (n hidden, k inter);
 //   * stream_mlp's trace (StreamMlpArgs::trace) of the last launch: per point, min / median / max
 //     over the CTAs of the time since the trace's first stamp, us.
 //
-//   probe_stream_mlp_trace [--rows R] [--reps N] [--coop] [--fma]   (StreamMlpArgs::cooperative,
-//                                                                    ::fma; --fma: rows <= 2)
+//   probe_stream_mlp_trace [--shape 1b|8b] [--rows R] [--reps N] [--coop] [--fma]
+//     (StreamMlpArgs::cooperative, ::fma; --fma: rows <= 2)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "common/buffers.h"
 #include "common/cuda_check.h"
 #include "common/stream.h"
+#include "engine/gemm.h"
 #include "engine/kernels/stream_gemv.h"
 #include "engine/kernels/stream_mlp.h"
 
@@ -36,14 +39,17 @@ constexpr const char* kStampNames[kStreamMlpStamps] = {
 int run(int argc, char** argv) {
   int rows = 1, reps = 20;
   bool cooperative = false, fma = false;
+  std::string shape = "1b";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--coop") == 0) cooperative = true;
     if (std::strcmp(argv[i], "--fma") == 0) fma = true;
     if (i + 1 >= argc) continue;
     if (std::strcmp(argv[i], "--rows") == 0) rows = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(3, std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--shape") == 0) shape = argv[i + 1];
   }
-  const int h = 2048, inter = 8192;
+  GD_REQUIRE(shape == "1b" || shape == "8b", "--shape", shape, "expected 1b or 8b");
+  const int h = shape == "8b" ? 4096 : 2048, inter = shape == "8b" ? 14336 : 8192;
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   DeviceBuffer<std::uint16_t> x(static_cast<std::size_t>(rows) * h), norm_w(h),
@@ -106,13 +112,28 @@ int run(int argc, char** argv) {
   const double t_down = time_us([&] {
     stream_gemv(dev, {act.data(), down.data(), y.data(), rows, inter, h, false}, s.get());
   });
-  std::printf("rows %d, %d reps, L2 flushed, eager%s%s\n", rows, reps,
-              cooperative ? ", cooperative launch" : "", fma ? ", FMA consumers" : "");
+  Gemm cublas;  // Gemm::run's cuBLAS path: no stream GEMV, no warpgroup GEMM
+  cublas.set_gemv_mode(Gemm::GemvMode::kOff);
+  cublas.set_wgmma(false);
+  const double c_gu = time_us([&] {
+    cublas.run({x.data(), gate_up.data(), gu_out.data(), rows, h, 2 * inter, GemmOut::kBF16},
+               s.get());
+  });
+  const double c_down = time_us([&] {
+    cublas.run({act.data(), down.data(), y.data(), rows, inter, h, GemmOut::kBF16}, s.get());
+  });
+  const double gu_bytes = 2.0 * 2 * inter * h, down_bytes = 2.0 * inter * h;
+  std::printf("shape %s (hidden %d, inter %d), rows %d, %d reps, L2 flushed, eager%s%s\n",
+              shape.c_str(), h, inter, rows, reps, cooperative ? ", cooperative launch" : "",
+              fma ? ", FMA consumers" : "");
   std::printf("%-28s %9s %9s\n", "kernel", "us", "TB/s");
   std::printf("%-28s %9.2f %9.2f\n", "stream_mlp", t_mlp, mlp_bytes / t_mlp / 1e6);
-  std::printf("%-28s %9.2f %9.2f\n", "stream_gemv gate_up", t_gu, 2.0 * 2 * inter * h / t_gu / 1e6);
-  std::printf("%-28s %9.2f %9.2f\n", "stream_gemv down", t_down, 2.0 * inter * h / t_down / 1e6);
+  std::printf("%-28s %9.2f %9.2f\n", "stream_gemv gate_up", t_gu, gu_bytes / t_gu / 1e6);
+  std::printf("%-28s %9.2f %9.2f\n", "stream_gemv down", t_down, down_bytes / t_down / 1e6);
   std::printf("%-28s %9.2f\n", "gate_up + down", t_gu + t_down);
+  std::printf("%-28s %9.2f %9.2f\n", "cuBLAS gate_up", c_gu, gu_bytes / c_gu / 1e6);
+  std::printf("%-28s %9.2f %9.2f\n", "cuBLAS down", c_down, down_bytes / c_down / 1e6);
+  std::printf("%-28s %9.2f\n", "cuBLAS gate_up + down", c_gu + c_down);
 
   // The trace of the last stream_mlp launch.
   l2_flush_read<<<1024, 256, 0, s.get()>>>(flush.data(), flush.size(), sink.data());
