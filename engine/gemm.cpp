@@ -21,7 +21,6 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
                "must be \"max_rows,max_out\": max_rows 1-8, max_out positive");
     auto_max_rows_ = rows;
     auto_max_out_ = out;
-    auto_wide_max_rows_ = 0;
   }
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
   // compute-sanitizer's initcheck otherwise reports as uninitialized).
@@ -90,16 +89,14 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   // vs 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). At rows 5-8 it loses alone in
   // bench_gemm but wins in the 1B decode step, where it overlaps the kernels around it (PDL):
   // B = 6 1161 -> 1116 us, B = 8 1181 -> 1149 (bench/results/h200_gemv_rows8_2026-11-28.txt).
-  // Not the 8B o (n 4096) at 3-8 rows: ahead in bench_gemm (12.04 vs 12.78 us) but the 8B decode
-  // step was 110-150 us SLOWER with it (bench/results/h200_gemm_rule_8b_2026-11-27.txt). It loses
-  // alone at n 6144 (8B qkv), k 14336 (8B down), gate_up and lm_head. But at rows <= 2 the 8B qkv,
-  // o and down (out <= 6144) on it give the model the norm fold and the MLP block (LlamaModel::
-  // fuses_mlp_block), which replace cuBLAS's gate_up and down, the swiglu and both rmsnorm
-  // kernels: 8B step B = 1 L = 1024 4711 -> 4510 us, B = 2 4747 -> 4641; the stream GEMVs alone
-  // (the block off) 4690 / 4768 (bench/results/h200_8b_mlp_block_2026-11-29.txt).
-  const bool in_bounds = (a.rows <= auto_max_rows_ && a.out <= auto_max_out_) ||
-                         (a.rows <= auto_wide_max_rows_ && a.out <= kStreamGemvWideMaxOutAuto);
-  if (gemv_mode_ == GemvMode::kAuto && (skinny_mode_ != SkinnyMode::kAuto || !in_bounds))
+  // The 8B qkv (n 6144), o and down (n 4096) too: alone in bench_gemm it lost there, and on
+  // 2026-11-27 the 8B step was 110-150 us slower with it on o (h200_gemm_rule_8b_2026-11-27.txt),
+  // but since the multicast x and the residual read ahead the 8B step gains (B = 8 L = 1024 4996
+  // -> 4836 us, the norm fold alone), and at rows <= 2 it brings the MLP block (LlamaModel::
+  // fuses_mlp_block: B = 1 4711 -> 4510; bench/results/h200_8b_mlp_block_2026-11-29.txt). It loses
+  // at gate_up and lm_head (n 16384 and up).
+  if (gemv_mode_ == GemvMode::kAuto &&
+      (skinny_mode_ != SkinnyMode::kAuto || a.rows > auto_max_rows_ || a.out > auto_max_out_))
     return false;
   return a.rows >= 1 && a.rows <= kSkinnyMaxRows && a.out > 0 &&
          stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);

@@ -83,17 +83,14 @@ class Gemm {
   bool uses_skinny(const GemmArgs& args) const noexcept;
 
   // When the stream GEMV (engine/kernels/stream_gemv.h) runs, before the skinny kernel or cuBLAS:
-  //   kAuto (default): rows <= kStreamGemvMaxRowsAuto and out <= kStreamGemvMaxOutAuto, or rows
-  //                    <= kStreamGemvWideMaxRowsAuto and out <= kStreamGemvWideMaxOutAuto, with
-  //                    the skinny mode at kAuto (where it was measured ahead: gemm.cpp);
-  //                    GRAPHDECODE_GEMV_AUTO="max_rows,max_out" replaces both bounds by one
-  //                    for sweeps (checked: an Error names it);
+  //   kAuto (default): rows <= kStreamGemvMaxRowsAuto and out <= kStreamGemvMaxOutAuto, with the
+  //                    skinny mode at kAuto (where it was measured ahead: gemm.cpp); the two
+  //                    bounds are GRAPHDECODE_GEMV_AUTO="max_rows,max_out" for sweeps (checked:
+  //                    an Error names it);
   //   kAlways: every call it takes (GRAPHDECODE_GEMV=stream);  kOff: never (GRAPHDECODE_GEMV=off).
   enum class GemvMode : std::uint8_t { kOff, kAuto, kAlways };
   static constexpr std::int32_t kStreamGemvMaxRowsAuto = 8;
-  static constexpr std::int32_t kStreamGemvMaxOutAuto = 3072;
-  static constexpr std::int32_t kStreamGemvWideMaxRowsAuto = 2;
-  static constexpr std::int32_t kStreamGemvWideMaxOutAuto = 6144;
+  static constexpr std::int32_t kStreamGemvMaxOutAuto = 6144;
   void set_gemv_mode(GemvMode m) noexcept { gemv_mode_ = m; }
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }
   bool uses_stream_gemv(const GemmArgs& args) const noexcept;
@@ -161,7 +158,6 @@ class Gemm {
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;
-  std::int32_t auto_wide_max_rows_ = kStreamGemvWideMaxRowsAuto;  // 0: GRAPHDECODE_GEMV_AUTO set
 };
 
 }  // namespace graphdecode

@@ -376,11 +376,11 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
 }
 
 // The 8B width (hidden 4096, 32 q / 8 kv heads of 128, SwiGLU 14336; one layer, vocab 512): its
-// qkv (6144 outputs), o and down take the stream GEMV at rows <= 2 (Gemm's wide bound), so the
-// model folds the input norm and runs the MLP block there, and not at 4 rows. Three replayed
-// decode steps of two requests: logits within the verify-vs-decode bound of cuBLAS's
-// (GRAPHDECODE_GEMV=off: no GEMV, no fold) and of float64; no grid barrier timed out.
-TEST_F(LlamaModelGpu, MlpBlockRunsAtTheEightBWidthAtTwoRows) {
+// qkv (6144 outputs), o and down take the stream GEMV at rows <= 8, so the model folds the input
+// norm there, and runs the MLP block at rows <= 2. Three replayed decode steps of two requests
+// (the block), then of four (the fold alone): logits within the verify-vs-decode bound of
+// cuBLAS's (GRAPHDECODE_GEMV=off: no GEMV, no fold) and of float64; no grid barrier timed out.
+TEST_F(LlamaModelGpu, EightBWidthTakesTheStreamGemvsAndTheMlpBlock) {
   if (const char* v = std::getenv("GRAPHDECODE_SANITIZE"); v != nullptr && v[0] == '1')
     GTEST_SKIP() << "2 x 218 M weights a step: too slow under the sanitizers";
   ModelConfig config = small_test_config();
@@ -394,14 +394,19 @@ TEST_F(LlamaModelGpu, MlpBlockRunsAtTheEightBWidthAtTwoRows) {
   config.validate();
   const HostWeights w = synthetic_weights(config, 43);
   const bool plain = plain_gemm_forced();
-  const std::unique_ptr<Harness> fast = harness_with(w, 4, "GRAPHDECODE_GEMV", nullptr);
-  const std::unique_ptr<Harness> cublas = harness_with(w, 4, "GRAPHDECODE_GEMV", "off");
-  for (std::int32_t rows : {1, 2}) EXPECT_EQ(fast->model->fuses_mlp_block(rows), !plain) << rows;
-  EXPECT_FALSE(fast->model->fuses_input_norm(4));
+  const std::unique_ptr<Harness> fast = harness_with(w, 8, "GRAPHDECODE_GEMV", nullptr);
+  const std::unique_ptr<Harness> cublas = harness_with(w, 8, "GRAPHDECODE_GEMV", "off");
+  for (std::int32_t rows : {1, 2, 4}) {
+    EXPECT_EQ(fast->model->fuses_input_norm(rows), !plain) << rows;
+    EXPECT_EQ(fast->model->fuses_mlp_block(rows), !plain && rows <= 2) << rows;
+  }
   EXPECT_FALSE(cublas->model->fuses_input_norm(1));
   // Short prompts: the float64 reference reruns each sequence at every step.
-  std::vector<std::vector<std::int32_t>> seqs = {{3, 141, 59}, {26, 53, 58, 97, 93, 238}};
+  const std::vector<std::vector<std::int32_t>> seqs = {{3, 141, 59}, {26, 53, 58, 97, 93, 238}};
   ASSERT_NO_FATAL_FAILURE(expect_decode_steps_near(w, seqs, *fast, *cublas, 17, 5, 3));
+  // Four more requests (6 of the 8 slots taken).
+  const std::vector<std::vector<std::int32_t>> four = {{7}, {11, 13}, {17, 19, 23}, {29, 31}};
+  ASSERT_NO_FATAL_FAILURE(expect_decode_steps_near(w, four, *fast, *cublas, 19, 7, 5));
   std::int32_t flag = -1;  // kStreamMlpStallBit
   GD_CUDA(cudaMemcpy(&flag, fast->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));
   EXPECT_EQ(flag, 0);

@@ -7,8 +7,8 @@
 //   equal to the rmsnorm kernel followed by the plain stream GEMV; on random rows within the
 //   float64 bound of the normed product.
 // - Bad arguments: a graphdecode::Error naming the field.
-// - Gemm's kAuto bounds for the stream GEMV: 8 rows and 3072 outputs, or 2 rows and 6144, replaced
-//   by GRAPHDECODE_GEMV_AUTO's one bound (sweeps); a malformed value is refused by name.
+// - Gemm's kAuto bounds for the stream GEMV: 8 rows and 6144 outputs, moved by
+//   GRAPHDECODE_GEMV_AUTO (sweeps); a malformed value is refused by name.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
 
@@ -247,30 +247,30 @@ TEST_F(StreamGemvFusionGpu, BadFusionArgumentsAreRefusedByName) {
 TEST_F(StreamGemvFusionGpu, AutoBoundsFromTheEnvironment) {
   for (const char* other : {"GRAPHDECODE_GEMV", "GRAPHDECODE_SKINNY", "GRAPHDECODE_GEMV_AUTO"})
     if (std::getenv(other) != nullptr) GTEST_SKIP() << other << " is set: not the default policy";
-  constexpr std::int32_t k = 2048, n = 2048, wide = 4096;
+  constexpr std::int32_t k = 2048, n = 2048, wide = 8192;
   DeviceBuffer<std::uint16_t> x(8 * k), w(static_cast<std::size_t>(wide) * k), y(8 * wide);
   const GemmArgs rows4{x.data(), w.data(), y.data(), 4, k, n, GemmOut::kBF16};
   const GemmArgs rows8{x.data(), w.data(), y.data(), 8, k, n, GemmOut::kBF16};
-  const GemmArgs out4096{x.data(), w.data(), y.data(), 4, k, wide, GemmOut::kBF16};
-  const GemmArgs rows2_out4096{x.data(), w.data(), y.data(), 2, k, wide, GemmOut::kBF16};
+  const GemmArgs out6144{x.data(), w.data(), y.data(), 4, k, 6144, GemmOut::kBF16};
+  const GemmArgs out8192{x.data(), w.data(), y.data(), 4, k, wide, GemmOut::kBF16};
   {
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_stream_gemv(rows4));
     EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
-    EXPECT_FALSE(gemm.uses_stream_gemv(out4096));
-    EXPECT_TRUE(gemm.uses_stream_gemv(rows2_out4096)) << "the wide bound at rows <= 2";
+    EXPECT_TRUE(gemm.uses_stream_gemv(out6144));
+    EXPECT_FALSE(gemm.uses_stream_gemv(out8192));
   }
   {
-    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "8,4096");
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "8,8192");
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
-    EXPECT_TRUE(gemm.uses_stream_gemv(out4096));
+    EXPECT_TRUE(gemm.uses_stream_gemv(out8192));
   }
   {
     const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "2,3072");
     const Gemm gemm;
     EXPECT_FALSE(gemm.uses_stream_gemv(rows4));
-    EXPECT_FALSE(gemm.uses_stream_gemv(rows2_out4096)) << "the knob's one bound replaces both";
+    EXPECT_FALSE(gemm.uses_stream_gemv(out6144));
   }
   for (const char* bad : {"9,3072", "0,3072", "4", "4,", "4,3072x", "a,b", "4,0", ""}) {
     const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", bad);
