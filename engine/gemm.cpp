@@ -2,6 +2,7 @@
 
 #include <library_types.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,14 +14,20 @@
 namespace graphdecode {
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
-  if (const char* bounds = std::getenv("GRAPHDECODE_GEMV_AUTO")) {  // "max_rows,max_out"
-    int rows = 0, out = 0, used = 0;
-    GD_REQUIRE(std::sscanf(bounds, "%d,%d%n", &rows, &out, &used) == 2 && bounds[used] == '\0' &&
-                   rows >= 1 && rows <= kSkinnyMaxRows && out >= 1,
+  if (const char* bounds = std::getenv("GRAPHDECODE_GEMV_AUTO")) {  // max_rows,max_out[,long]
+    int rows = 0, out = 0, used = 0, long_rows = 0, long_used = 0;
+    bool ok = std::sscanf(bounds, "%d,%d%n", &rows, &out, &used) == 2;
+    long_rows = std::min(rows, kStreamGemvLongMaxRowsAuto);
+    if (ok && bounds[used] == ',')
+      ok = std::sscanf(bounds + used, ",%d%n", &long_rows, &long_used) == 1;
+    GD_REQUIRE(ok && bounds[used + long_used] == '\0' && rows >= 1 && rows <= kSkinnyMaxRows &&
+                   out >= 1 && long_rows >= 0 && long_rows <= rows,
                "GRAPHDECODE_GEMV_AUTO", bounds,
-               "must be \"max_rows,max_out\": max_rows 1-8, max_out positive");
+               "must be \"max_rows,max_out[,long_max_rows]\": max_rows 1-8, max_out positive, "
+               "long_max_rows 0-max_rows");
     auto_max_rows_ = rows;
     auto_max_out_ = out;
+    auto_long_max_rows_ = long_rows;
   }
   // Start-up only: a defined workspace (cuBLASLt's split-K reduce reads parts of it that
   // compute-sanitizer's initcheck otherwise reports as uninitialized).
@@ -89,14 +96,20 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
   // vs 13.31; bench/results/h200_bench_gemm_8b_2026-11-27.txt). At rows 5-8 it loses alone in
   // bench_gemm but wins in the 1B decode step, where it overlaps the kernels around it (PDL):
   // B = 6 1161 -> 1116 us, B = 8 1181 -> 1149 (bench/results/h200_gemv_rows8_2026-11-28.txt).
-  // The 8B qkv (n 6144), o and down (n 4096) too: alone in bench_gemm it lost there, and on
-  // 2026-11-27 the 8B step was 110-150 us slower with it on o (h200_gemm_rule_8b_2026-11-27.txt),
-  // but since the multicast x and the residual read ahead the 8B step gains (B = 8 L = 1024 4996
-  // -> 4836 us, the norm fold alone), and at rows <= 2 it brings the MLP block (LlamaModel::
-  // fuses_mlp_block: B = 1 4711 -> 4510; bench/results/h200_8b_mlp_block_2026-11-29.txt). It loses
-  // at gate_up and lm_head (n 16384 and up).
+  // The 8B qkv (n 6144) and o (n 4096) too: alone in bench_gemm it lost there, and on 2026-11-27
+  // the 8B step was 110-150 us slower with it on o (h200_gemm_rule_8b_2026-11-27.txt), but since
+  // the multicast x and the residual read ahead the 8B step gains (L = 1024: B = 4 4947 -> 4747
+  // us, B = 6 4907 -> 4820, B = 8 5027 -> 4900; bench/results/h200_gemv_rows8_8b_2026-11-29.txt).
+  // The 8B down (k 14336, a long k) only at rows <= 2, where it brings the norm fold and the MLP
+  // block (LlamaModel::fuses_mlp_block: B = 1 4711 -> 4510; h200_8b_mlp_block_2026-11-29.txt):
+  // alone it is behind cuBLAS at every row count (38.5 vs 32.0 us at rows 1,
+  // probe_stream_mlp_trace), at rows 3-6 its x leaves the ring 3-6 stages, and with it there the
+  // step was slower (B = 6 5095 us, B = 4 4924). The long-k bound sits at the 1B down's 8192,
+  // measured ahead; k between 8192 and 14336 (e.g. 8960, 11008) was not measured and follows the
+  // 8B's. It loses at gate_up and lm_head (n 16384 and up).
+  const int max_rows = a.in > kStreamGemvLongInAuto ? auto_long_max_rows_ : auto_max_rows_;
   if (gemv_mode_ == GemvMode::kAuto &&
-      (skinny_mode_ != SkinnyMode::kAuto || a.rows > auto_max_rows_ || a.out > auto_max_out_))
+      (skinny_mode_ != SkinnyMode::kAuto || a.rows > max_rows || a.out > auto_max_out_))
     return false;
   return a.rows >= 1 && a.rows <= kSkinnyMaxRows && a.out > 0 &&
          stream_gemv_supported(skinny_dev_, a.rows, a.in) && aligned16(a.x) && aligned16(a.w);

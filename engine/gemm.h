@@ -83,14 +83,18 @@ class Gemm {
   bool uses_skinny(const GemmArgs& args) const noexcept;
 
   // When the stream GEMV (engine/kernels/stream_gemv.h) runs, before the skinny kernel or cuBLAS:
-  //   kAuto (default): rows <= kStreamGemvMaxRowsAuto and out <= kStreamGemvMaxOutAuto, with the
-  //                    skinny mode at kAuto (where it was measured ahead: gemm.cpp); the two
-  //                    bounds are GRAPHDECODE_GEMV_AUTO="max_rows,max_out" for sweeps (checked:
-  //                    an Error names it);
+  //   kAuto (default): rows <= kStreamGemvMaxRowsAuto and out <= kStreamGemvMaxOutAuto, and for
+  //                    a long k (in > kStreamGemvLongInAuto) rows <= kStreamGemvLongMaxRowsAuto,
+  //                    with the skinny mode at kAuto (where it was measured ahead: gemm.cpp); the
+  //                    bounds are GRAPHDECODE_GEMV_AUTO="max_rows,max_out[,long_max_rows]" for
+  //                    sweeps (long_max_rows left out: min(max_rows, 2); checked: an Error names
+  //                    it);
   //   kAlways: every call it takes (GRAPHDECODE_GEMV=stream);  kOff: never (GRAPHDECODE_GEMV=off).
   enum class GemvMode : std::uint8_t { kOff, kAuto, kAlways };
   static constexpr std::int32_t kStreamGemvMaxRowsAuto = 8;
   static constexpr std::int32_t kStreamGemvMaxOutAuto = 6144;
+  static constexpr std::int32_t kStreamGemvLongInAuto = 8192;  // the 1B down's k; the 8B's 14336
+  static constexpr std::int32_t kStreamGemvLongMaxRowsAuto = 2;
   void set_gemv_mode(GemvMode m) noexcept { gemv_mode_ = m; }
   GemvMode gemv_mode() const noexcept { return gemv_mode_; }
   bool uses_stream_gemv(const GemmArgs& args) const noexcept;
@@ -158,6 +162,7 @@ class Gemm {
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;
+  std::int32_t auto_long_max_rows_ = kStreamGemvLongMaxRowsAuto;
 };
 
 }  // namespace graphdecode

@@ -269,7 +269,8 @@ TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
 }
 
 // Gemm's default choice: the stream GEMV at rows <= kStreamGemvMaxRowsAuto (8) and out <=
-// kStreamGemvMaxOutAuto (6144: the 1B and 8B qkv, o and down projections), cuBLAS elsewhere
+// kStreamGemvMaxOutAuto (6144: the 1B and 8B qkv, o and down projections; a k past
+// kStreamGemvLongInAuto, the 8B down's, only at rows <= 2), cuBLAS elsewhere
 // (gate_up's n, 9 rows; the skinny kernel never by default); an explicit skinny mode and
 // GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
 // output is bitwise the stream GEMV's and within the float64 bound.
@@ -293,7 +294,8 @@ TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
     EXPECT_FALSE(gemm.uses_skinny(args(rows, 8192, 768))) << "the stream GEMV comes first";
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 4096, 4096))) << "8B o, rows " << rows;
     EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 4096, 6144))) << "8B qkv, rows " << rows;
-    EXPECT_TRUE(gemm.uses_stream_gemv(args(rows, 14336, 4096))) << "8B down, rows " << rows;
+    // A long k (the 8B down's 14336) only at rows <= 2, where the MLP block needs it.
+    EXPECT_EQ(gemm.uses_stream_gemv(args(rows, 14336, 4096)), rows <= 2) << "8B down, " << rows;
     EXPECT_FALSE(gemm.uses_skinny(args(rows, 14336, 4096))) << "8B down: no skinny, rows " << rows;
     EXPECT_FALSE(gemm.uses_stream_gemv(args(rows, 2048, 16384))) << "gate_up, rows " << rows;
   }

@@ -247,24 +247,38 @@ TEST_F(StreamGemvFusionGpu, BadFusionArgumentsAreRefusedByName) {
 TEST_F(StreamGemvFusionGpu, AutoBoundsFromTheEnvironment) {
   for (const char* other : {"GRAPHDECODE_GEMV", "GRAPHDECODE_SKINNY", "GRAPHDECODE_GEMV_AUTO"})
     if (std::getenv(other) != nullptr) GTEST_SKIP() << other << " is set: not the default policy";
-  constexpr std::int32_t k = 2048, n = 2048, wide = 8192;
-  DeviceBuffer<std::uint16_t> x(8 * k), w(static_cast<std::size_t>(wide) * k), y(8 * wide);
+  constexpr std::int32_t k = 2048, n = 2048, wide = 8192, long_in = 10240;
+  DeviceBuffer<std::uint16_t> x(8 * long_in), w(static_cast<std::size_t>(wide) * k), y(8 * wide);
   const GemmArgs rows4{x.data(), w.data(), y.data(), 4, k, n, GemmOut::kBF16};
   const GemmArgs rows8{x.data(), w.data(), y.data(), 8, k, n, GemmOut::kBF16};
   const GemmArgs out6144{x.data(), w.data(), y.data(), 4, k, 6144, GemmOut::kBF16};
   const GemmArgs out8192{x.data(), w.data(), y.data(), 4, k, wide, GemmOut::kBF16};
+  // A long k (past kStreamGemvLongInAuto's 8192).
+  const auto long_k = [&](std::int32_t rows) {
+    return GemmArgs{x.data(), w.data(), y.data(), rows, long_in, 1024, GemmOut::kBF16};
+  };
   {
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_stream_gemv(rows4));
     EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
     EXPECT_TRUE(gemm.uses_stream_gemv(out6144));
     EXPECT_FALSE(gemm.uses_stream_gemv(out8192));
+    EXPECT_TRUE(gemm.uses_stream_gemv(long_k(2)));
+    EXPECT_FALSE(gemm.uses_stream_gemv(long_k(3)));
   }
   {
     const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "8,8192");
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_stream_gemv(rows8));
     EXPECT_TRUE(gemm.uses_stream_gemv(out8192));
+    EXPECT_TRUE(gemm.uses_stream_gemv(long_k(2)));
+    EXPECT_FALSE(gemm.uses_stream_gemv(long_k(3)));
+  }
+  {
+    const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "8,6144,4");
+    const Gemm gemm;
+    EXPECT_TRUE(gemm.uses_stream_gemv(long_k(4)));
+    EXPECT_FALSE(gemm.uses_stream_gemv(long_k(5)));
   }
   {
     const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", "2,3072");
@@ -272,7 +286,8 @@ TEST_F(StreamGemvFusionGpu, AutoBoundsFromTheEnvironment) {
     EXPECT_FALSE(gemm.uses_stream_gemv(rows4));
     EXPECT_FALSE(gemm.uses_stream_gemv(out6144));
   }
-  for (const char* bad : {"9,3072", "0,3072", "4", "4,", "4,3072x", "a,b", "4,0", ""}) {
+  for (const char* bad : {"9,3072", "0,3072", "4", "4,", "4,3072x", "a,b", "4,0", "", "4,3072,",
+                          "4,3072,5", "4,3072,-1", "4,3072,2x"}) {
     const ScopedEnv bounds("GRAPHDECODE_GEMV_AUTO", bad);
     EXPECT_EQ(field_of([] { const Gemm gemm; }), "GRAPHDECODE_GEMV_AUTO") << "'" << bad << "'";
   }
