@@ -270,10 +270,10 @@ TEST_F(SkinnyGemmGpu, StreamGemvGraphReplayBitwiseEqualsEager) {
 
 // Gemm's default choice: the stream GEMV at rows <= kStreamGemvMaxRowsAuto (8) and out <=
 // kStreamGemvMaxOutAuto (6144: the 1B and 8B qkv, o and down projections; a k past
-// kStreamGemvLongInAuto, the 8B down's, only at rows <= 2), cuBLAS elsewhere
-// (gate_up's n, 9 rows; the skinny kernel never by default); an explicit skinny mode and
-// GRAPHDECODE_GEMV=off (kOff) keep it out. Where it runs, Gemm::run's
-// output is bitwise the stream GEMV's and within the float64 bound.
+// kStreamGemvLongInAuto, the 8B down's, only at rows <= 2), cuBLAS elsewhere (gate_up's n, 9
+// rows; the skinny kernel never by default); an explicit skinny mode and GRAPHDECODE_GEMV=off
+// (kOff) keep it out. Where it runs, Gemm::run's output is bitwise the stream GEMV's and within
+// the float64 bound.
 TEST_F(SkinnyGemmGpu, GemmTakesTheStreamGemvWhereItWasMeasuredAhead) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();

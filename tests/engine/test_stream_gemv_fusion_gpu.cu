@@ -7,8 +7,8 @@
 //   equal to the rmsnorm kernel followed by the plain stream GEMV; on random rows within the
 //   float64 bound of the normed product.
 // - Bad arguments: a graphdecode::Error naming the field.
-// - Gemm's kAuto bounds for the stream GEMV: 8 rows and 6144 outputs, moved by
-//   GRAPHDECODE_GEMV_AUTO (sweeps); a malformed value is refused by name.
+// - Gemm's kAuto bounds for the stream GEMV: 8 rows and 6144 outputs, 2 rows for a k past 8192,
+//   moved by GRAPHDECODE_GEMV_AUTO (sweeps); a malformed value is refused by name.
 // Fresh random data per run (the seed is printed; GRAPHDECODE_SEED reproduces).
 #include <gtest/gtest.h>
 
