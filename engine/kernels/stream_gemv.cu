@@ -28,12 +28,22 @@ using namespace detail::ring;  // the CTA's shape, the ring and the tile code (s
 // k per stage and W row (Params::chunk_k), chosen per launch: the widest of kChunkKs up to the cap
 // that k needs and that leaves kMinStages stages beside x. Alone, wider stages stream faster
 // (bench_gemm, H200: 1B down 12.14 / 11.09 / 10.81 us at 1024 / 2048 / 4096, gate_up 22.35 ->
-// 19.39, lm_head 153.2 -> 131.5; 8B qkv 17.05 -> 14.48), but in a decode step the 1B step was
-// 6-8 us slower at 2048 than at 1024 (B = 1, L = 1024, twice; equal at B = 2-8), so the cap stays
-// at 1024 (bench/results/h200_stream_gemv_chunk_2026-11-27.txt).
-// GRAPHDECODE_GEMV_CHUNK=1024|2048|4096 sets the cap (A/B runs).
+// 19.39, lm_head 153.2 -> 131.5; 8B qkv 17.05 -> 14.48), but in a decode step only some gain, so
+// the cap depends on k (stream_gemv_chunk_k):
+// * 4096 for k in [kWideChunkMinK, kWideChunkEndK), the 8B's qkv and o (k 4096). t181, 8B step
+//   L = 1024, cap 1024 / 2048 / 4096, two rounds: B = 1 4517.0, 4513.5 / 4458.2, 4458.9 / 4426.8 us
+//   (-2.0%), B = 4 4687.5, 4686.3 / 4635.1, 4626.4 / 4630.1 (-1.2%), B = 8 4839.2, 4841.3 /
+//   4814.5, 4827.7 / 4820.8 (-0.4%; at 8 rows x leaves room for 2048-wide stages only);
+// * 1024 elsewhere. The 1B's qkv and o (k 2048) lost at 2048: t181 1B step B = 1 972.4 -> 989.3
+//   us, B = 8 1104.2 -> 1138.4 (and 6-8 us at B = 1 in bench/results/
+//   h200_stream_gemv_chunk_2026-11-27.txt); the 1B down (k 8192) lost 1-8 us at B = 1-4 at 2048
+//   and 4096 (t24, h200_gemv_chunk_long_2026-11-27.txt). Longer k is unmeasured and stays at 1024.
+// GRAPHDECODE_GEMV_CHUNK=1024|2048|4096 sets one cap for every k instead (A/B runs and tests).
 constexpr int kChunkKs[] = {4096, 2048, 1024};
-constexpr int kDefaultMaxChunkK = 1024;
+constexpr int kNarrowChunkK = 1024;
+constexpr int kWideChunkK = 4096;
+constexpr int kWideChunkMinK = 4096;
+constexpr int kWideChunkEndK = 8192;
 constexpr int kMinStages = 3;
 
 // How the consumers stage x. kXLoads: one 16-byte load a thread at a time (the compiler does not
@@ -223,23 +233,30 @@ std::int32_t ring_stages(const SkinnyGemmDevice& dev, std::int32_t rows, std::in
       std::clamp<std::int64_t>(left / stage_bytes(chunk_k), 0, kMaxStages));
 }
 
-// GRAPHDECODE_GEMV_CHUNK (1024, 2048 or 4096) when the process first asks, else kDefaultMaxChunkK.
-std::int32_t max_chunk_k() {
+// GRAPHDECODE_GEMV_CHUNK (1024, 2048 or 4096) when the process first asks, else 0 (the cap by k).
+std::int32_t chunk_cap_from_env() {
   static const std::int32_t cap = [] {
     const char* v = std::getenv("GRAPHDECODE_GEMV_CHUNK");
-    const long c = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+    if (v == nullptr || v[0] == '\0') return 0;
+    const long c = std::strtol(v, nullptr, 10);
     for (const int known : kChunkKs)
       if (c == known) return known;
-    return kDefaultMaxChunkK;
+    GD_REQUIRE(false, "GRAPHDECODE_GEMV_CHUNK", v, "must be 1024, 2048 or 4096");
+    return 0;
   }();
   return cap;
 }
 
-// The widest chunk <= max_chunk_k() that k needs (never wider than k rounded up to 1024) and that
+std::int32_t chunk_cap(std::int32_t k) {
+  if (const std::int32_t forced = chunk_cap_from_env(); forced > 0) return forced;
+  return k >= kWideChunkMinK && k < kWideChunkEndK ? kWideChunkK : kNarrowChunkK;
+}
+
+// The widest chunk <= chunk_cap(k) that k needs (never wider than k rounded up to 1024) and that
 // leaves kMinStages stages; else the narrowest (whose stage count stream_gemv_supported checks).
 std::int32_t chunk_k_for(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
   for (const int c : kChunkKs) {
-    if (c > max_chunk_k() || (c > 1024 && c / 2 >= k)) continue;
+    if (c > chunk_cap(k) || (c > 1024 && c / 2 >= k)) continue;
     if (ring_stages(dev, rows, k, c) >= kMinStages) return c;
   }
   return kChunkKs[std::size(kChunkKs) - 1];
@@ -281,6 +298,12 @@ void opt_in_smem(const SkinnyGemmDevice& dev) {
 bool stream_gemv_supported(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
   return rows >= 1 && rows <= kSkinnyMaxRows && k > 0 && k % 8 == 0 &&
          ring_stages(dev, rows, k) >= 2;
+}
+
+std::int32_t stream_gemv_chunk_k(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  GD_REQUIRE(stream_gemv_supported(dev, rows, k), "k", k,
+             "the stream GEMV does not take it at " + std::to_string(rows) + " rows");
+  return chunk_k_for(dev, rows, k);
 }
 
 std::int32_t stream_gemv_grid(const SkinnyGemmDevice& dev, std::int32_t n) {

@@ -5,7 +5,8 @@
 // kernel loses to cuBLAS (n <= 3072 at k = 2048, and lm_head; bench/results/h100_bench_gemm.txt):
 // * bytes in flight without registers: a producer warp streams W through a ring of shared-memory
 //   stages with bulk copies (cp.async.bulk, one per W row of a stage, completion counted on an
-//   mbarrier), up to 8 stages of 8 W rows x 1024, 2048 or 4096 k (16-64 KiB) per SM;
+//   mbarrier), up to 8 stages of 8 W rows x 1024, 2048 or 4096 k (16-64 KiB) per SM
+//   (stream_gemv_chunk_k);
 // * 8 consumer warps take each stage's k range in slices: m16n8k16 mma on tensor cores, the W
 //   rows as the B fragment, x (staged once per CTA in shared memory) as A, rows zero-padded to 16;
 //   k permuted alike in A and B as in the skinny GEMM (each fragment one 16-byte chunk); rows of a
@@ -58,6 +59,11 @@ struct StreamGemvFusion {
 // CTA pairs of the multicast kernel the device holds at once (SkinnyGemmDevice::current asks, so
 // no launch inside a graph capture does); opts that kernel in to the device's shared memory.
 std::int32_t stream_gemv_resident_pairs(const SkinnyGemmDevice& dev);
+
+// The k of one ring stage a launch over (rows, k) takes: 4096 for k in [4096, 8192) and 1024
+// elsewhere (measured in decode steps: stream_gemv.cu), narrower where x leaves too little room,
+// or the cap GRAPHDECODE_GEMV_CHUNK sets. Throws graphdecode::Error where !stream_gemv_supported.
+std::int32_t stream_gemv_chunk_k(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k);
 
 // CTAs of a stream GEMV launch over n outputs (one per SM at most): the `parts` of the sums an
 // epilogue leaves.

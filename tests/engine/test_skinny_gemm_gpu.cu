@@ -191,10 +191,10 @@ TEST_F(SkinnyGemmGpu, GraphReplayBitwiseEqualsEager) {
 
 // The stream GEMV against float64 (exact inputs: bit for bit) at the decode shapes and at edges:
 // a partial last tile (n % 8 != 0), a partial last stage (k 1000 in one 1024-wide stage, k 5000
-// in five), one short stage (k 64), x at its largest (rows 8 x k 8192: fewer ring stages; with a
-// wider cap those rows fall back to 1024-wide stages where fewer rows take 2048), lm_head's n;
-// every element written. The default stage cap is 1024: run once more with
-// GRAPHDECODE_GEMV_CHUNK=2048 and 4096 for the wider stages (k 5000 then takes 2048-wide ones).
+// in two 4096-wide ones at rows 1 and 3 and in three 2048-wide ones at rows 8, whose x leaves
+// room for 2048), one short stage (k 64), x at its largest (rows 8 x k 8192: fewer ring stages),
+// the 8B's qkv (4096-wide stages), lm_head's n; every element written. Stage widths by k are
+// StreamGemvStageWidthFollowsK's; GRAPHDECODE_GEMV_CHUNK=2048 or 4096 runs every k wider.
 TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
@@ -202,7 +202,8 @@ TEST_F(SkinnyGemmGpu, StreamGemvMatchesFloat64) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   std::vector<std::pair<int, int>> shapes{
       {64, 8}, {1000, 1001}, {2048, 1000}, {5000, 72}};  // {k, n}
-  if (!sanitize_mode()) shapes.insert(shapes.end(), {{2048, 3072}, {8192, 2048}, {2048, 128256}});
+  if (!sanitize_mode())
+    shapes.insert(shapes.end(), {{2048, 3072}, {8192, 2048}, {4096, 6144}, {2048, 128256}});
   for (const auto& [k, n] : shapes)
     for (bool exact : {false, true}) {
       if (n > 100000 && exact) continue;  // lm_head: the float64 reference once is enough
@@ -230,6 +231,33 @@ TEST_F(SkinnyGemmGpu, StreamGemvMulticastPairsOfAFullGridAreResident) {
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
   EXPECT_GE(dev.x_pairs, dev.sm_count / 2) << "sm_count " << dev.sm_count;
   EXPECT_EQ(stream_gemv_resident_pairs(dev), dev.x_pairs);
+}
+
+// The ring's stage width by k, as measured in decode steps (stream_gemv.cu kChunkKs): 4096 for k in
+// [4096, 8192) (the 8B's qkv and o), narrower where x leaves room for fewer than three such
+// stages; 1024 for the 1B's k 2048 and 8192, the 8B down's 14336 and a k under a stage.
+TEST_F(SkinnyGemmGpu, StreamGemvStageWidthFollowsK) {
+  if (std::getenv("GRAPHDECODE_GEMV_CHUNK") != nullptr)
+    GTEST_SKIP() << "SKIPPED: GRAPHDECODE_GEMV_CHUNK sets one width for every k";
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  ASSERT_EQ(dev.max_smem, 232448) << "the widths below are the H100's and H200's 227 KiB";
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 1, 4096), 4096);
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 3, 4096), 4096);
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 1, 5000), 4096);
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 1, 8184), 4096);
+  // From 4 rows at k 4096 (x 32 KiB and more) three 4096-wide stages no longer fit.
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 4, 4096), 2048);
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 8, 4096), 2048);
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 8, 5000), 2048);
+  for (int rows : {1, 8}) {
+    SCOPED_TRACE(rows);
+    EXPECT_EQ(stream_gemv_chunk_k(dev, rows, 64), 1024);
+    EXPECT_EQ(stream_gemv_chunk_k(dev, rows, 2048), 1024);
+    EXPECT_EQ(stream_gemv_chunk_k(dev, rows, 4088), 1024);
+    EXPECT_EQ(stream_gemv_chunk_k(dev, rows, 8192), 1024);
+  }
+  EXPECT_EQ(stream_gemv_chunk_k(dev, 1, 14336), 1024);
+  EXPECT_THROW(stream_gemv_chunk_k(dev, 1, 4100), Error);  // k not a multiple of 8
 }
 
 // Captured in a graph (a programmatic dependent of the GEMM before it), the stream GEMV replays
