@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention_check.h"  // sanitize_mode
 #include "common/stream.h"
 #include "engine/generate.h"
 #include "engine/llama_model.h"
@@ -382,7 +383,7 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
 // within the verify-vs-decode bound of cuBLAS's (GRAPHDECODE_GEMV=off: no GEMV, no fold) and of
 // float64; no grid barrier timed out.
 TEST_F(LlamaModelGpu, EightBWidthTakesTheStreamGemvsAndTheMlpBlock) {
-  if (const char* v = std::getenv("GRAPHDECODE_SANITIZE"); v != nullptr && v[0] == '1')
+  if (testing::sanitize_mode())
     GTEST_SKIP() << "2 x 218 M weights a step: too slow under the sanitizers";
   ModelConfig config = small_test_config();
   config.hidden_size = 4096;
