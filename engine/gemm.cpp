@@ -51,17 +51,20 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     wgmma_ = std::strcmp(wg, "off") != 0;
     wgmma_forced_ = std::strcmp(wg, "on") == 0;
   }
-  if (const char* bounds = std::getenv("GRAPHDECODE_WGMMA_AUTO")) {  // "min_rows,max_rows,max_out"
-    int lo = 0, hi = 0, out = 0, used = 0;
-    GD_REQUIRE(std::sscanf(bounds, "%d,%d,%d%n", &lo, &hi, &out, &used) == 3 &&
-                   bounds[used] == '\0' && lo >= 1 && lo <= hi && hi <= kWgmmaGemmMaxRows &&
-                   out >= 1,
+  if (const char* bounds =
+          std::getenv("GRAPHDECODE_WGMMA_AUTO")) {  // min,max_rows,max_out[,max_in]
+    int lo = 0, hi = 0, out = 0, in = wgmma_max_in_, used = 0, in_used = 0;
+    bool ok = std::sscanf(bounds, "%d,%d,%d%n", &lo, &hi, &out, &used) == 3;
+    if (ok && bounds[used] == ',') ok = std::sscanf(bounds + used, ",%d%n", &in, &in_used) == 1;
+    GD_REQUIRE(ok && bounds[used + in_used] == '\0' && lo >= 1 && lo <= hi &&
+                   hi <= kWgmmaGemmMaxRows && out >= 1 && in >= 1,
                "GRAPHDECODE_WGMMA_AUTO", bounds,
-               "must be \"min_rows,max_rows,max_out\": 1 <= min_rows <= max_rows <= 128, "
-               "max_out positive");
+               "must be \"min_rows,max_rows,max_out[,max_in]\": 1 <= min_rows <= max_rows <= 128, "
+               "max_out and max_in positive");
     wgmma_min_rows_ = lo;
     wgmma_max_rows_ = hi;
     wgmma_max_out_ = out;
+    wgmma_max_in_ = in;
   }
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
@@ -118,8 +121,8 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
 bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
   if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
   return a.rows >= wgmma_min_rows_ && a.rows <= wgmma_max_rows_ && a.out <= wgmma_max_out_ &&
-         wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) && aligned16(a.w) &&
-         aligned16(a.y);
+         a.in <= wgmma_max_in_ && wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) &&
+         aligned16(a.w) && aligned16(a.y);
 }
 
 bool Gemm::fuses_swiglu(const GemmArgs& a) const noexcept {

@@ -1,13 +1,15 @@
 // GPU: the warpgroup GEMM (rows 1-128, engine/kernels/wgmma_gemm.h) against a float64 reference and
 // cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
-// the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments. Fresh random
+// the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments; where Gemm
+// takes it by default (rows 9-64, k up to 8192) and GRAPHDECODE_WGMMA_AUTO's bounds. Fresh random
 // data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
 // (gemm_check.h): every element written, nothing past it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "support/device_vectors.h"
 #include "support/field_of.h"
 #include "support/gpu_test.h"
+#include "support/scoped_env.h"
 
 namespace graphdecode {
 namespace {
@@ -195,6 +198,47 @@ TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
   EXPECT_FALSE(wgmma_gemm_supported(4, 72, 8));
   EXPECT_FALSE(wgmma_gemm_supported(129, 64, 8));
   EXPECT_TRUE(wgmma_gemm_supported(128, 64, 8));
+}
+
+TEST_F(WgmmaGemmGpu, GemmTakesItWhereItWasMeasuredAhead) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  for (const char* other : {"GRAPHDECODE_WGMMA_GEMM", "GRAPHDECODE_WGMMA_AUTO",
+                            "GRAPHDECODE_PLAIN_GEMM", "GRAPHDECODE_GEMV", "GRAPHDECODE_SKINNY"})
+    if (std::getenv(other) != nullptr) GTEST_SKIP() << other << " is set: not the default policy";
+  DeviceBuffer<std::uint16_t> buf(1024);  // the rule reads pointers' alignment, not the data
+  std::uint16_t* p = buf.data();
+  const auto args = [&](std::int32_t rows, std::int32_t in, std::int32_t out) {
+    return GemmArgs{p, p, p, rows, in, out, GemmOut::kBF16};
+  };
+  {
+    const Gemm gemm;
+    for (std::int32_t rows : {9, 33, 64}) {
+      EXPECT_TRUE(gemm.uses_wgmma(args(rows, 2048, 3072))) << "1B qkv, rows " << rows;
+      EXPECT_TRUE(gemm.uses_wgmma(args(rows, 8192, 2048))) << "1B down, rows " << rows;
+      EXPECT_TRUE(gemm.uses_wgmma(args(rows, 4096, 28672))) << "8B gate_up, rows " << rows;
+      EXPECT_FALSE(gemm.uses_wgmma(args(rows, 14336, 4096))) << "8B down: cuBLAS, rows " << rows;
+      EXPECT_FALSE(gemm.uses_wgmma(args(rows, 8256, 2048))) << "k past 8192, rows " << rows;
+    }
+    EXPECT_FALSE(gemm.uses_wgmma(args(8, 2048, 3072))) << "8 rows: the stream GEMV";
+    EXPECT_FALSE(gemm.uses_wgmma(args(65, 2048, 3072))) << "65 rows: cuBLAS";
+  }
+  {
+    const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "9,128,4096,16384");
+    const Gemm gemm;
+    EXPECT_TRUE(gemm.uses_wgmma(args(128, 14336, 4096)));
+    EXPECT_FALSE(gemm.uses_wgmma(args(64, 16448, 4096))) << "k past max_in";
+    EXPECT_FALSE(gemm.uses_wgmma(args(64, 4096, 4104))) << "out past max_out";
+  }
+  {
+    const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "9,64,65536");
+    const Gemm gemm;
+    EXPECT_FALSE(gemm.uses_wgmma(args(64, 14336, 4096))) << "max_in left out: the default";
+  }
+  for (const char* bad : {"9,64", "0,64,100", "9,129,100", "9,64,0", "9,64,100,", "9,64,100,0",
+                          "9,64,100,-5", "9,64,100,8x", "9,64,100,8,1", ""}) {
+    const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", bad);
+    EXPECT_EQ(field_of([] { const Gemm gemm; }), "GRAPHDECODE_WGMMA_AUTO") << "'" << bad << "'";
+  }
 }
 
 }  // namespace
