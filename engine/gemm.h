@@ -112,8 +112,8 @@ class Gemm {
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   // The longest k it takes by default (the 1B down's 8192). The 8B down (k 14336) at 64 rows is
   // faster on cuBLAS: 41.0 vs 35.4 us alone (bench_gemm, t100), and the 8B step at B = 64 gains
-  // 0.9% at L = 1024 and 0.7% at L = 4096 (two rounds, t186; bench/NOTES.md 131). k between 8192
-  // and 14336 was not measured and follows the 8B's.
+  // 0.9% / 0.7% at L = 1024 / 4096 on one host (two rounds, t186), 0.1% on another (t187;
+  // bench/NOTES.md 131). k between 8192 and 14336 was not measured and follows the 8B's.
   static constexpr std::int32_t kWgmmaMaxInAuto = 8192;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
   // Raises the fewest rows it takes (a model's measured rule; not below 9, where the stream GEMV
