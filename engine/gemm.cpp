@@ -51,20 +51,31 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     wgmma_ = std::strcmp(wg, "off") != 0;
     wgmma_forced_ = std::strcmp(wg, "on") == 0;
   }
-  if (const char* bounds =
-          std::getenv("GRAPHDECODE_WGMMA_AUTO")) {  // min,max_rows,max_out[,max_in]
-    int lo = 0, hi = 0, out = 0, in = wgmma_max_in_, used = 0, in_used = 0;
-    bool ok = std::sscanf(bounds, "%d,%d,%d%n", &lo, &hi, &out, &used) == 3;
-    if (ok && bounds[used] == ',') ok = std::sscanf(bounds + used, ",%d%n", &in, &in_used) == 1;
-    GD_REQUIRE(ok && bounds[used + in_used] == '\0' && lo >= 1 && lo <= hi &&
-                   hi <= kWgmmaGemmMaxRows && out >= 1 && in >= 1,
+  // "min_rows,max_rows,max_out[,max_in[,min_out]]" (sweeps): fields left out keep their default.
+  if (const char* bounds = std::getenv("GRAPHDECODE_WGMMA_AUTO")) {
+    int field[5] = {0, 0, 0, wgmma_max_in_, wgmma_min_out_};
+    int fields = 0, pos = 0;
+    bool ok = true;
+    while (ok && fields < 5) {
+      int used = 0;
+      ok = std::sscanf(bounds + pos, fields == 0 ? "%d%n" : ",%d%n", &field[fields], &used) == 1;
+      if (ok) {
+        ++fields;
+        pos += used;
+      }
+      if (bounds[pos] != ',') break;
+    }
+    const auto [lo, hi, out, in, min_out] = field;
+    GD_REQUIRE(ok && fields >= 3 && bounds[pos] == '\0' && lo >= 1 && lo <= hi &&
+                   hi <= kWgmmaGemmMaxRows && out >= 1 && in >= 1 && min_out >= 1 && min_out <= out,
                "GRAPHDECODE_WGMMA_AUTO", bounds,
-               "must be \"min_rows,max_rows,max_out[,max_in]\": 1 <= min_rows <= max_rows <= 128, "
-               "max_out and max_in positive");
+               "must be \"min_rows,max_rows,max_out[,max_in[,min_out]]\": 1 <= min_rows <= "
+               "max_rows <= 128, max_in positive, 1 <= min_out <= max_out");
     wgmma_min_rows_ = lo;
     wgmma_max_rows_ = hi;
     wgmma_max_out_ = out;
     wgmma_max_in_ = in;
+    wgmma_min_out_ = min_out;
   }
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;
@@ -120,9 +131,10 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
 
 bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
   if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
-  return a.rows >= wgmma_min_rows_ && a.rows <= wgmma_max_rows_ && a.out <= wgmma_max_out_ &&
-         a.in <= wgmma_max_in_ && wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) &&
-         aligned16(a.w) && aligned16(a.y);
+  return a.rows >= wgmma_min_rows_ && a.rows <= wgmma_max_rows_ && a.out >= wgmma_min_out_ &&
+         a.out <= wgmma_max_out_ && a.in <= wgmma_max_in_ &&
+         wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) && aligned16(a.w) &&
+         aligned16(a.y);
 }
 
 bool Gemm::fuses_swiglu(const GemmArgs& a) const noexcept {

@@ -103,12 +103,13 @@ class Gemm {
   // kWgmmaMaxRowsAuto, k up to kWgmmaMaxInAuto, on a Hopper GPU with sm_90a code, shapes it takes
   // (k % 64 == 0, out % 8 == 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the Gemm
   // is made keeps cuBLAS (A/B of the model step); set_wgmma(false) likewise; =on also overrides a
-  // model's own rule (wgmma_forced()). GRAPHDECODE_WGMMA_AUTO="min_rows,max_rows,max_out[,max_in]"
-  // replaces the bounds (sweeps; the stream GEMV keeps the shapes it takes). 64: alone it trails
-  // cuBLAS on most 1B shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1;
-  // lm_head 147 vs 153), but its weights stream before its PDL wait, and the 1B step is 4.9% faster
-  // at B = 32 and 64; at 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103,
-  // t98). LlamaModel raises the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104).
+  // model's own rule (wgmma_forced()).
+  // GRAPHDECODE_WGMMA_AUTO="min_rows,max_rows,max_out[,max_in[,min_out]]" replaces the bounds
+  // (sweeps; the stream GEMV keeps the shapes it takes). 64: alone it trails cuBLAS on most 1B
+  // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
+  // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64; at
+  // 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98). LlamaModel raises
+  // the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104).
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   // The longest k it takes by default (the 1B down's 8192). The 8B down (k 14336) at 64 rows is
   // faster on cuBLAS: 41.0 vs 35.4 us alone (bench_gemm, t100), and the 8B step at B = 64 gains
@@ -165,6 +166,7 @@ class Gemm {
   std::int32_t wgmma_max_rows_ = kWgmmaMaxRowsAuto;
   std::int32_t wgmma_max_out_ = 1 << 30;
   std::int32_t wgmma_max_in_ = kWgmmaMaxInAuto;
+  std::int32_t wgmma_min_out_ = 1;
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;

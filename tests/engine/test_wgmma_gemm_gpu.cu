@@ -2,9 +2,9 @@
 // cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
 // the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments; where Gemm
-// takes it by default (rows 9-64, k up to 8192) and GRAPHDECODE_WGMMA_AUTO's bounds. Fresh random
-// data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
-// (gemm_check.h): every element written, nothing past it.
+// takes it by default (rows 9-64, k up to 8192) and GRAPHDECODE_WGMMA_AUTO's bounds (max_in,
+// min_out). Fresh random data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN)
+// with a guard past the end (gemm_check.h): every element written, nothing past it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -230,12 +230,20 @@ TEST_F(WgmmaGemmGpu, GemmTakesItWhereItWasMeasuredAhead) {
     EXPECT_FALSE(gemm.uses_wgmma(args(64, 4096, 4104))) << "out past max_out";
   }
   {
+    const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "33,128,200000,8192,6145");
+    const Gemm gemm;
+    EXPECT_TRUE(gemm.uses_wgmma(args(128, 4096, 28672))) << "8B gate_up at 128 rows";
+    EXPECT_FALSE(gemm.uses_wgmma(args(64, 4096, 6144))) << "8B qkv: out under min_out";
+    EXPECT_FALSE(gemm.uses_wgmma(args(32, 4096, 28672))) << "rows under min_rows";
+  }
+  {
     const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "9,64,65536");
     const Gemm gemm;
     EXPECT_FALSE(gemm.uses_wgmma(args(64, 14336, 4096))) << "max_in left out: the default";
   }
-  for (const char* bad : {"9,64", "0,64,100", "9,129,100", "9,64,0", "9,64,100,", "9,64,100,0",
-                          "9,64,100,-5", "9,64,100,8x", "9,64,100,8,1", ""}) {
+  for (const char* bad :
+       {"9,64", "0,64,100", "9,129,100", "9,64,0", "9,64,100,", "9,64,100,0", "9,64,100,-5",
+        "9,64,100,8x", "9,64,100,8,0", "9,64,100,8,101", "9,64,100,8,1,1", "9,64,100,8,", ""}) {
     const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", bad);
     EXPECT_EQ(field_of([] { const Gemm gemm; }), "GRAPHDECODE_WGMMA_AUTO") << "'" << bad << "'";
   }
