@@ -12,16 +12,35 @@
 #include "engine/kernels/stream_gemv.h"
 
 namespace graphdecode {
+namespace {
+
+// The comma-separated integers of a sweep variable ("8,6144,2") into field[0..]: how many there
+// were, or -1 when `text` is not 1 to max_fields of them and nothing else (fields past the count
+// keep what the caller put there: their defaults).
+int int_fields(const char* text, int* field, int max_fields) {
+  int fields = 0, pos = 0;
+  while (fields < max_fields) {
+    int used = 0;
+    if (std::sscanf(text + pos, fields == 0 ? "%d%n" : ",%d%n", &field[fields], &used) != 1)
+      return -1;
+    ++fields;
+    pos += used;
+    if (text[pos] != ',') break;
+  }
+  return text[pos] == '\0' ? fields : -1;
+}
+
+}  // namespace
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   if (const char* bounds = std::getenv("GRAPHDECODE_GEMV_AUTO")) {  // max_rows,max_out[,long]
-    int rows = 0, out = 0, used = 0, long_rows = 0, long_used = 0;
-    bool ok = std::sscanf(bounds, "%d,%d%n", &rows, &out, &used) == 2;
-    long_rows = std::min(rows, kStreamGemvLongMaxRowsAuto);
-    if (ok && bounds[used] == ',')
-      ok = std::sscanf(bounds + used, ",%d%n", &long_rows, &long_used) == 1;
-    GD_REQUIRE(ok && bounds[used + long_used] == '\0' && rows >= 1 && rows <= kSkinnyMaxRows &&
-                   out >= 1 && long_rows >= 0 && long_rows <= rows,
+    int field[3] = {};
+    const int fields = int_fields(bounds, field, 3);
+    const auto [rows, out, given_long_rows] = field;
+    const int long_rows =
+        fields == 3 ? given_long_rows : std::min(rows, kStreamGemvLongMaxRowsAuto);
+    GD_REQUIRE(fields >= 2 && rows >= 1 && rows <= kSkinnyMaxRows && out >= 1 && long_rows >= 0 &&
+                   long_rows <= rows,
                "GRAPHDECODE_GEMV_AUTO", bounds,
                "must be \"max_rows,max_out[,long_max_rows]\": max_rows 1-8, max_out positive, "
                "long_max_rows 0-max_rows");
@@ -54,20 +73,10 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   // "min_rows,max_rows,max_out[,max_in[,min_out]]" (sweeps): fields left out keep their default.
   if (const char* bounds = std::getenv("GRAPHDECODE_WGMMA_AUTO")) {
     int field[5] = {0, 0, 0, wgmma_max_in_, wgmma_min_out_};
-    int fields = 0, pos = 0;
-    bool ok = true;
-    while (ok && fields < 5) {
-      int used = 0;
-      ok = std::sscanf(bounds + pos, fields == 0 ? "%d%n" : ",%d%n", &field[fields], &used) == 1;
-      if (ok) {
-        ++fields;
-        pos += used;
-      }
-      if (bounds[pos] != ',') break;
-    }
+    const int fields = int_fields(bounds, field, 5);
     const auto [lo, hi, out, in, min_out] = field;
-    GD_REQUIRE(ok && fields >= 3 && bounds[pos] == '\0' && lo >= 1 && lo <= hi &&
-                   hi <= kWgmmaGemmMaxRows && out >= 1 && in >= 1 && min_out >= 1 && min_out <= out,
+    GD_REQUIRE(fields >= 3 && lo >= 1 && lo <= hi && hi <= kWgmmaGemmMaxRows && out >= 1 &&
+                   in >= 1 && min_out >= 1 && min_out <= out,
                "GRAPHDECODE_WGMMA_AUTO", bounds,
                "must be \"min_rows,max_rows,max_out[,max_in[,min_out]]\": 1 <= min_rows <= "
                "max_rows <= 128, max_in positive, 1 <= min_out <= max_out");
