@@ -140,7 +140,9 @@ bool Gemm::uses_stream_gemv(const GemmArgs& a) const noexcept {
 
 bool Gemm::uses_wgmma(const GemmArgs& a) const noexcept {
   if (!wgmma_ || plain_ || uses_stream_gemv(a) || uses_skinny(a)) return false;
-  return a.rows >= wgmma_min_rows_ && a.rows <= wgmma_max_rows_ && a.out >= wgmma_min_out_ &&
+  const std::int32_t min_rows =
+      a.out >= wgmma_wide_min_out_ ? wgmma_wide_min_rows_ : wgmma_min_rows_;
+  return a.rows >= min_rows && a.rows <= wgmma_max_rows_ && a.out >= wgmma_min_out_ &&
          a.out <= wgmma_max_out_ && a.in <= wgmma_max_in_ &&
          wgmma_gemm_supported(a.rows, a.in, a.out) && aligned16(a.x) && aligned16(a.w) &&
          aligned16(a.y);

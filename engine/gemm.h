@@ -109,7 +109,8 @@ class Gemm {
   // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
   // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64; at
   // 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98). LlamaModel raises
-  // the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104).
+  // the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104), to 32 for its gate_up and
+  // lm_head (NOTES 132).
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   // The longest k it takes by default (the 1B down's 8192). The 8B down (k 14336) at 64 rows is
   // faster on cuBLAS: 41.0 vs 35.4 us alone (bench_gemm, t100), and the 8B step at B = 64 gains
@@ -118,9 +119,13 @@ class Gemm {
   static constexpr std::int32_t kWgmmaMaxInAuto = 8192;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
   // Raises the fewest rows it takes (a model's measured rule; not below 9, where the stream GEMV
-  // and cuBLAS run).
-  void set_wgmma_min_rows(std::int32_t rows) noexcept {
+  // and cuBLAS run); outputs of wide_out or more from wide_rows instead (left out: the same rows).
+  void set_wgmma_min_rows(std::int32_t rows, std::int32_t wide_rows = 0,
+                          std::int32_t wide_out = 1 << 30) noexcept {
     wgmma_min_rows_ = std::max(rows, kSkinnyMaxRows + 1);
+    wgmma_wide_min_rows_ =
+        wide_rows > 0 ? std::max(wide_rows, kSkinnyMaxRows + 1) : wgmma_min_rows_;
+    wgmma_wide_min_out_ = wide_out;
   }
   bool wgmma_forced() const noexcept { return wgmma_forced_; }
   bool uses_wgmma(const GemmArgs& args) const noexcept;
@@ -167,6 +172,8 @@ class Gemm {
   std::int32_t wgmma_max_out_ = 1 << 30;
   std::int32_t wgmma_max_in_ = kWgmmaMaxInAuto;
   std::int32_t wgmma_min_out_ = 1;
+  std::int32_t wgmma_wide_min_rows_ = kSkinnyMaxRows + 1;  // set_wgmma_min_rows's wide outputs
+  std::int32_t wgmma_wide_min_out_ = 1 << 30;
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;

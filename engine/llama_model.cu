@@ -16,13 +16,16 @@ namespace {
 
 constexpr int kThreads = 256;
 // Where the warpgroup GEMM (Gemm::uses_wgmma) and its SwiGLU epilogue run, from the decode step on
-// an H200 (bench/NOTES.md 103, 104). Models wider than kWgmmaNarrowHidden (the 8B shape, t101:
-// B = 16 5281.6 -> 5554.1 us, B = 64 7325.5 -> 7208.7) take it from kWgmmaWideMinRows rows; the 1B
-// shape at every row count it takes (9-64). The SwiGLU epilogue from kFuseSwigluMinRows rows (1B,
-// t101, two rounds: B = 16 L = 1024 +0.7%, B = 32 -0.0 / -1.0%, B = 64 -1.4 / -0.7% at L = 1024
-// / 4096).
+// an H200 (bench/NOTES.md 103, 104, 132). The 1B shape: at every row count it takes (9-64).
+// Models wider than kWgmmaNarrowHidden (the 8B shape, t101: B = 16 5281.6 -> 5554.1 us, B = 64
+// 7325.5 -> 7208.7): from kWgmmaWideMinRows rows, and their gate_up (with the SwiGLU epilogue) and
+// lm_head, the outputs of 2 x intermediate or more, from kWgmmaWideOutMinRows (8B step, graph us,
+// B = 32 L = 1024 / 4096: -0.9% / -0.7% on one host, -0.2% / -0.4% on another; B = 16 +4.6%;
+// rows 17-31 not measured). The SwiGLU epilogue from kFuseSwigluMinRows rows (1B, t101, two
+// rounds: B = 16 L = 1024 +0.7%, B = 32 -0.0 / -1.0%, B = 64 -1.4 / -0.7% at L = 1024 / 4096).
 constexpr std::int32_t kWgmmaNarrowHidden = 2048;
 constexpr std::int32_t kWgmmaWideMinRows = 33;
+constexpr std::int32_t kWgmmaWideOutMinRows = 32;
 constexpr std::int32_t kFuseSwigluMinRows = 17;
 
 unsigned blocks_for(std::int64_t items) {
@@ -118,10 +121,11 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   mlp_sync_ = DeviceBuffer<std::uint32_t>(static_cast<std::size_t>(config_.num_hidden_layers) *
                                           kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
-  // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows only (above);
-  // GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
+  // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows, their widest outputs from
+  // kWgmmaWideOutMinRows (above); GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
   if (config_.hidden_size > kWgmmaNarrowHidden && !gemm_.wgmma_forced())
-    gemm_.set_wgmma_min_rows(kWgmmaWideMinRows);
+    gemm_.set_wgmma_min_rows(kWgmmaWideMinRows, kWgmmaWideOutMinRows,
+                             2 * config_.intermediate_size);
   logit_x_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_res_ = DeviceBuffer<std::uint16_t>(b * h);
   logit_normed_ = DeviceBuffer<std::uint16_t>(b * h);

@@ -223,6 +223,19 @@ TEST_F(WgmmaGemmGpu, GemmTakesItWhereItWasMeasuredAhead) {
     EXPECT_FALSE(gemm.uses_wgmma(args(65, 2048, 3072))) << "65 rows: cuBLAS";
   }
   {
+    Gemm gemm;  // LlamaModel's rule on the 8B: 33 rows, the gate_up and lm_head from 32
+    gemm.set_wgmma_min_rows(33, 32, 2 * 14336);
+    EXPECT_TRUE(gemm.uses_wgmma(args(32, 4096, 28672))) << "8B gate_up at 32 rows";
+    EXPECT_TRUE(gemm.uses_wgmma(args(32, 4096, 128256))) << "8B lm_head at 32 rows";
+    EXPECT_FALSE(gemm.uses_wgmma(args(32, 4096, 6144))) << "8B qkv at 32 rows: cuBLAS";
+    EXPECT_FALSE(gemm.uses_wgmma(args(31, 4096, 28672))) << "8B gate_up at 31 rows: cuBLAS";
+    EXPECT_FALSE(gemm.uses_wgmma(args(16, 4096, 28672))) << "8B gate_up at 16 rows: cuBLAS";
+    EXPECT_TRUE(gemm.uses_wgmma(args(33, 4096, 6144))) << "8B qkv at 33 rows";
+    EXPECT_FALSE(gemm.uses_wgmma(args(64, 14336, 4096))) << "8B down: cuBLAS";
+    gemm.set_wgmma_min_rows(33);
+    EXPECT_FALSE(gemm.uses_wgmma(args(32, 4096, 28672))) << "wide outputs left out: 33 rows";
+  }
+  {
     const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "9,128,4096,16384");
     const Gemm gemm;
     EXPECT_TRUE(gemm.uses_wgmma(args(128, 14336, 4096)));
