@@ -68,7 +68,7 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
   }
   if (const char* wg = std::getenv("GRAPHDECODE_WGMMA_GEMM")) {
     wgmma_ = std::strcmp(wg, "off") != 0;
-    wgmma_forced_ = std::strcmp(wg, "on") == 0;
+    wgmma_env_routing_ = std::strcmp(wg, "on") == 0;
   }
   // "min_rows,max_rows,max_out[,max_in[,min_out]]" (sweeps): fields left out keep their default.
   if (const char* bounds = std::getenv("GRAPHDECODE_WGMMA_AUTO")) {
@@ -85,6 +85,7 @@ Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {
     wgmma_max_out_ = out;
     wgmma_max_in_ = in;
     wgmma_min_out_ = min_out;
+    wgmma_env_routing_ = true;
   }
   if (const char* mode = std::getenv("GRAPHDECODE_SKINNY")) {
     if (std::strcmp(mode, "always") == 0) skinny_mode_ = SkinnyMode::kAlways;

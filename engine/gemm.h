@@ -103,14 +103,14 @@ class Gemm {
   // kWgmmaMaxRowsAuto, k up to kWgmmaMaxInAuto, on a Hopper GPU with sm_90a code, shapes it takes
   // (k % 64 == 0, out % 8 == 0, 16-byte aligned operands). GRAPHDECODE_WGMMA_GEMM=off when the Gemm
   // is made keeps cuBLAS (A/B of the model step); set_wgmma(false) likewise; =on also overrides a
-  // model's own rule (wgmma_forced()).
-  // GRAPHDECODE_WGMMA_AUTO="min_rows,max_rows,max_out[,max_in[,min_out]]" replaces the bounds
-  // (sweeps; the stream GEMV keeps the shapes it takes). 64: alone it trails cuBLAS on most 1B
-  // shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5 vs 19.1; lm_head 147 vs 153),
-  // but its weights stream before its PDL wait, and the 1B step is 4.9% faster at B = 32 and 64; at
-  // 128 rows (two row blocks) the step is 3.2% slower (bench/NOTES.md 103, t98). LlamaModel raises
-  // the fewest rows to 33 past hidden 2048 (the 8B step, NOTES 104), to 32 for its gate_up and
-  // lm_head (NOTES 132).
+  // model's own rule (wgmma_routing_from_env()).
+  // GRAPHDECODE_WGMMA_AUTO="min_rows,max_rows,max_out[,max_in[,min_out]]" replaces the bounds,
+  // a model's rule included (sweeps; the stream GEMV keeps the shapes it takes). 64: alone it
+  // trails cuBLAS on most 1B shapes (bench_gemm, 64 rows: down 15.4 vs 13.5 us, gate_up 20.5
+  // vs 19.1; lm_head 147 vs 153), but its weights stream before its PDL wait, and the 1B step
+  // is 4.9% faster at B = 32 and 64; at 128 rows (two row blocks) the step is 3.2% slower
+  // (bench/NOTES.md 103, t98). LlamaModel raises the fewest rows to 33 past hidden 2048 (the 8B
+  // step, NOTES 104), to 32 for its gate_up and lm_head (NOTES 132).
   static constexpr std::int32_t kWgmmaMaxRowsAuto = 64;
   // The longest k it takes by default (the 1B down's 8192). The 8B down (k 14336) at 64 rows is
   // faster on cuBLAS: 41.0 vs 35.4 us alone (bench_gemm, t100), and the 8B step at B = 64 gains
@@ -127,7 +127,9 @@ class Gemm {
         wide_rows > 0 ? std::max(wide_rows, kSkinnyMaxRows + 1) : wgmma_min_rows_;
     wgmma_wide_min_out_ = wide_out;
   }
-  bool wgmma_forced() const noexcept { return wgmma_forced_; }
+  // GRAPHDECODE_WGMMA_GEMM=on or GRAPHDECODE_WGMMA_AUTO: the environment routes, a model's
+  // set_wgmma_min_rows is left out (a sweep's bounds are the ones it set).
+  bool wgmma_routing_from_env() const noexcept { return wgmma_env_routing_; }
   bool uses_wgmma(const GemmArgs& args) const noexcept;
 
   // An MLP's gate_up projection with the SwiGLU folded into the warpgroup GEMM's epilogue
@@ -166,7 +168,7 @@ class Gemm {
   SkinnyMode skinny_mode_ = SkinnyMode::kAuto;
   bool plain_ = false;
   bool wgmma_ = true;
-  bool wgmma_forced_ = false;                         // GRAPHDECODE_WGMMA_GEMM=on
+  bool wgmma_env_routing_ = false;                    // wgmma_routing_from_env()
   std::int32_t wgmma_min_rows_ = kSkinnyMaxRows + 1;  // uses_wgmma's bounds (above)
   std::int32_t wgmma_max_rows_ = kWgmmaMaxRowsAuto;
   std::int32_t wgmma_max_out_ = 1 << 30;

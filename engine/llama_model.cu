@@ -122,8 +122,9 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
                                           kStreamMlpSyncWords);
   mlp_sync_.fill_bytes(0, stream);
   // The warpgroup GEMM on wide models from kWgmmaWideMinRows rows, their widest outputs from
-  // kWgmmaWideOutMinRows (above); GRAPHDECODE_WGMMA_GEMM=on keeps Gemm's own bounds.
-  if (config_.hidden_size > kWgmmaNarrowHidden && !gemm_.wgmma_forced())
+  // kWgmmaWideOutMinRows (above); GRAPHDECODE_WGMMA_GEMM=on or GRAPHDECODE_WGMMA_AUTO keep Gemm's
+  // bounds.
+  if (config_.hidden_size > kWgmmaNarrowHidden && !gemm_.wgmma_routing_from_env())
     gemm_.set_wgmma_min_rows(kWgmmaWideMinRows, kWgmmaWideOutMinRows,
                              2 * config_.intermediate_size);
   logit_x_ = DeviceBuffer<std::uint16_t>(b * h);

@@ -2,9 +2,10 @@
 // cuBLAS, at k splits of 1-8 over the cluster, one and two 64-row blocks, partial column tiles;
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
 // the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments; where Gemm
-// takes it by default (rows 9-64, k up to 8192) and GRAPHDECODE_WGMMA_AUTO's bounds (max_in,
-// min_out). Fresh random data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN)
-// with a guard past the end (gemm_check.h): every element written, nothing past it.
+// takes it by default (rows 9-64, k up to 8192), a model's bound for wide outputs, and
+// GRAPHDECODE_WGMMA_AUTO's bounds (max_in, min_out; they leave a model's rule out). Fresh random
+// data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
+// (gemm_check.h): every element written, nothing past it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -212,6 +213,7 @@ TEST_F(WgmmaGemmGpu, GemmTakesItWhereItWasMeasuredAhead) {
   };
   {
     const Gemm gemm;
+    EXPECT_FALSE(gemm.wgmma_routing_from_env()) << "a model's rule applies";
     for (std::int32_t rows : {9, 33, 64}) {
       EXPECT_TRUE(gemm.uses_wgmma(args(rows, 2048, 3072))) << "1B qkv, rows " << rows;
       EXPECT_TRUE(gemm.uses_wgmma(args(rows, 8192, 2048))) << "1B down, rows " << rows;
@@ -252,7 +254,12 @@ TEST_F(WgmmaGemmGpu, GemmTakesItWhereItWasMeasuredAhead) {
   {
     const ScopedEnv bounds("GRAPHDECODE_WGMMA_AUTO", "9,64,65536");
     const Gemm gemm;
+    EXPECT_TRUE(gemm.wgmma_routing_from_env()) << "a sweep's bounds hold, a model's rule left out";
     EXPECT_FALSE(gemm.uses_wgmma(args(64, 14336, 4096))) << "max_in left out: the default";
+  }
+  {
+    const ScopedEnv on("GRAPHDECODE_WGMMA_GEMM", "on");
+    EXPECT_TRUE(Gemm().wgmma_routing_from_env()) << "GRAPHDECODE_WGMMA_GEMM=on";
   }
   for (const char* bad :
        {"9,64", "0,64,100", "9,129,100", "9,64,0", "9,64,100,", "9,64,100,0", "9,64,100,-5",
