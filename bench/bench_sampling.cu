@@ -2,7 +2,7 @@
 // vocabulary (128256, float32 logits), batch 1..256, against the kernel it replaced (legacy,
 // bench/sampling_legacy.cuh) on the same data in the same run.
 //
-//   bench_sampling [--json PATH] [--reps N]
+//   bench_sampling [--json PATH] [--reps N] [--batches B,B,...]
 //   bench_sampling --profile B DIST CASE   (3 eager calls of one case, for ncu; DIST flat|peaked)
 //
 // Cases: all greedy; all temperature 0.8; all top-k 50; all top-p 0.95; all top-k 50 + top-p 0.95;
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -291,17 +292,29 @@ int profile(int batch, const std::string& dist, const std::string& config, cudaS
 int run_main(int argc, char** argv) {
   std::string json;
   int reps = 100;
+  std::vector<int> batches(std::begin(kBatches), std::end(kBatches));
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(20, std::atoi(argv[++i]));
+    } else if (a == "--batches" && i + 1 < argc) {
+      batches.clear();
+      for (const char* p = argv[++i]; *p != '\0';) {
+        char* end = nullptr;
+        const long b = std::strtol(p, &end, 10);
+        GD_REQUIRE(end != p && b >= 1 && b <= 4096, "--batches", argv[i],
+                   "expected a comma-separated list of batch sizes in [1, 4096]");
+        batches.push_back(static_cast<int>(b));
+        p = *end == ',' ? end + 1 : end;
+      }
     } else if (a == "--profile" && i + 3 < argc) {
       Stream s;
       return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20] [--batches B,B,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -322,7 +335,7 @@ int run_main(int argc, char** argv) {
   Flush flush(prop.l2CacheSize);
   std::vector<Result> rs;
   for (int dist = 0; dist < 2; ++dist)
-    for (int b : kBatches) bench_batch(b, dist, reps, legacy_reps, flush, s.get(), rs);
+    for (int b : batches) bench_batch(b, dist, reps, legacy_reps, flush, s.get(), rs);
   print(rs);
   if (!json.empty()) write_json(json, prop, reps, legacy_reps, rs);
   return 0;
