@@ -313,8 +313,7 @@ int run_main(int argc, char** argv) {
       Stream s;
       return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20] [--batches B,B,...]\n",
-                   argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20] [--batches B,B,...]\n", argv[0]);
       return 2;
     }
   }
