@@ -117,11 +117,13 @@ class Gemm {
   // 0.9% / 0.7% at L = 1024 / 4096 on one host (two rounds, t186), 0.1% on another (t187;
   // bench/NOTES.md 131). k between 8192 and 14336 was not measured and follows the 8B's.
   static constexpr std::int32_t kWgmmaMaxInAuto = 8192;
+  // An output bound that no GEMM reaches: "no bound".
+  static constexpr std::int32_t kNoOutBound = 1 << 30;
   void set_wgmma(bool on) noexcept { wgmma_ = on; }
   // Raises the fewest rows it takes (a model's measured rule; not below 9, where the stream GEMV
   // and cuBLAS run); outputs of wide_out or more from wide_rows instead (left out: the same rows).
   void set_wgmma_min_rows(std::int32_t rows, std::int32_t wide_rows = 0,
-                          std::int32_t wide_out = 1 << 30) noexcept {
+                          std::int32_t wide_out = kNoOutBound) noexcept {
     wgmma_min_rows_ = std::max(rows, kSkinnyMaxRows + 1);
     wgmma_wide_min_rows_ =
         wide_rows > 0 ? std::max(wide_rows, kSkinnyMaxRows + 1) : wgmma_min_rows_;
@@ -171,11 +173,11 @@ class Gemm {
   bool wgmma_env_routing_ = false;                    // wgmma_routing_from_env()
   std::int32_t wgmma_min_rows_ = kSkinnyMaxRows + 1;  // uses_wgmma's bounds (above)
   std::int32_t wgmma_max_rows_ = kWgmmaMaxRowsAuto;
-  std::int32_t wgmma_max_out_ = 1 << 30;
+  std::int32_t wgmma_max_out_ = kNoOutBound;
   std::int32_t wgmma_max_in_ = kWgmmaMaxInAuto;
   std::int32_t wgmma_min_out_ = 1;
   std::int32_t wgmma_wide_min_rows_ = kSkinnyMaxRows + 1;  // set_wgmma_min_rows's wide outputs
-  std::int32_t wgmma_wide_min_out_ = 1 << 30;
+  std::int32_t wgmma_wide_min_out_ = kNoOutBound;
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::int32_t auto_max_rows_ = kStreamGemvMaxRowsAuto;  // kAuto's bounds (above)
   std::int32_t auto_max_out_ = kStreamGemvMaxOutAuto;

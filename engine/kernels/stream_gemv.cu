@@ -255,8 +255,9 @@ std::int32_t chunk_cap(std::int32_t k) {
 // The widest chunk <= chunk_cap(k) that k needs (never wider than k rounded up to 1024) and that
 // leaves kMinStages stages; else the narrowest (whose stage count stream_gemv_supported checks).
 std::int32_t chunk_k_for(const SkinnyGemmDevice& dev, std::int32_t rows, std::int32_t k) {
+  const std::int32_t cap = chunk_cap(k);
   for (const int c : kChunkKs) {
-    if (c > chunk_cap(k) || (c > 1024 && c / 2 >= k)) continue;
+    if (c > cap || (c > 1024 && c / 2 >= k)) continue;
     if (ring_stages(dev, rows, k, c) >= kMinStages) return c;
   }
   return kChunkKs[std::size(kChunkKs) - 1];
