@@ -309,6 +309,7 @@ int run_main(int argc, char** argv) {
         batches.push_back(static_cast<int>(b));
         p = *end == ',' ? end + 1 : end;
       }
+      GD_REQUIRE(!batches.empty(), "--batches", argv[i], "names no batch size");
     } else if (a == "--profile" && i + 3 < argc) {
       Stream s;
       return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
