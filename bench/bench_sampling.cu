@@ -292,7 +292,7 @@ int profile(int batch, const std::string& dist, const std::string& config, cudaS
 int run_main(int argc, char** argv) {
   std::string json;
   int reps = 100;
-  std::vector<int> batches(std::begin(kBatches), std::end(kBatches));
+  std::vector<std::int32_t> batches(std::begin(kBatches), std::end(kBatches));
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -300,16 +300,7 @@ int run_main(int argc, char** argv) {
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::max(20, std::atoi(argv[++i]));
     } else if (a == "--batches" && i + 1 < argc) {
-      batches.clear();
-      for (const char* p = argv[++i]; *p != '\0';) {
-        char* end = nullptr;
-        const long b = std::strtol(p, &end, 10);
-        GD_REQUIRE(end != p && b >= 1 && b <= 4096, "--batches", argv[i],
-                   "expected a comma-separated list of batch sizes in [1, 4096]");
-        batches.push_back(static_cast<int>(b));
-        p = *end == ',' ? end + 1 : end;
-      }
-      GD_REQUIRE(!batches.empty(), "--batches", argv[i], "names no batch size");
+      batches = parse_list("--batches", argv[++i]);
     } else if (a == "--profile" && i + 3 < argc) {
       Stream s;
       return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
