@@ -24,7 +24,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,13 +38,6 @@
 namespace {
 
 using namespace graphdecode;
-
-std::vector<std::int32_t> parse_list(const std::string& s) {
-  std::vector<std::int32_t> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 
 struct Run {
   std::string kind;  // "plain", "draft", "lookup", "eagle"
@@ -145,9 +137,9 @@ int run_main(int argc, char** argv) {
     else if (a == "--eagle")
       eagle_dir = next();
     else if (a == "--batches")
-      batches = parse_list(next());
+      batches = bench::parse_list("--batches", next());
     else if (a == "--ks")
-      ks = parse_list(next());
+      ks = bench::parse_list("--ks", next());
     else if (a == "--new-tokens")
       new_tokens = std::stoi(next());
     else if (a == "--prompt-len")
