@@ -94,7 +94,8 @@ struct SamplingArgs {
   std::int32_t vocab = 0;       // at most kMaxSamplingVocab
   std::int64_t row_stride = 0;  // elements between rows of logits; 0 = vocab
   // Device scratch of at least sampling_workspace_bytes(max_rows, vocab) bytes, 16-byte aligned,
-  // zero-filled once before its first call (every call leaves it zeroed again). One workspace
+  // zero-filled once before its first call (every call leaves the counters it relies on zeroed
+  // again; the plan fields it leaves set are rewritten before they are read). One workspace
   // serves one vocab and one stream at a time; a call may use fewer rows than it was sized for.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
