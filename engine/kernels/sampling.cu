@@ -73,6 +73,10 @@ Launch make_launch(const SamplingArgs& args) {
   static const bool p_draw = !env_is_zero("GRAPHDECODE_SAMPLING_P_DRAW");
   L.scan_cand = scan_cand;
   L.p_draw = p_draw;
+  static const bool dynamic_items = !env_is_zero("GRAPHDECODE_SAMPLING_DYNAMIC");
+  static const bool dynamic_check = !env_is_zero("GRAPHDECODE_SAMPLING_DYNAMIC_CHECK");
+  L.dynamic_items = dynamic_items;
+  L.dynamic_check = dynamic_items && dynamic_check;
   int dev = 0;
   GD_CUDA(cudaGetDevice(&dev));
   GD_CUDA(cudaDeviceGetAttribute(&L.sms, cudaDevAttrMultiProcessorCount, dev));

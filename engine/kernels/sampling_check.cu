@@ -20,6 +20,7 @@ constexpr int kCheckBlocksPerSm = kFilterBlocksPerSm;
 
 struct CheckShared {
   u64 red[kScanThreads / 32][kSums];
+  int next[2];  // the CTA's next item (dynamic items), two slots
 };
 
 // One (row, chunk) item: key[] from draw_keys (key[0] < the top logit's key).
@@ -82,7 +83,12 @@ __global__ void __launch_bounds__(kScanThreads, kCheckBlocksPerSm)
   const int listed =
       static_cast<int>(min(__ldcg(&L.ws.state(0).draw_count), static_cast<u32>(L.a.max_rows)));
   const int items = listed * L.chunks;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  RowState& st0 = L.ws.state(0);
+  int item = static_cast<int>(blockIdx.x);
+  for (int k = 0; item < items; ++k) {
+    // As the filter's loop: the next item from a counter, taken before this one's reads.
+    u32 taken = 0;
+    if (L.dynamic_check && threadIdx.x == 0) taken = atomicAdd(&st0.check_next, 1u);
     const int at = item / L.chunks;
     const int r = static_cast<int>(__ldcg(&L.ws.state(listed - 1 - at).draw_list));
     const RowState& st = L.ws.state(r);
@@ -91,6 +97,13 @@ __global__ void __launch_bounds__(kScanThreads, kCheckBlocksPerSm)
     u32 key[kDrawPicks];
     draw_keys(st, key);
     check_item<T, kU>(L, r, item - at * L.chunks, top, inv_t, key, sh);
+    if (!L.dynamic_check) {
+      item += static_cast<int>(gridDim.x);
+      continue;
+    }
+    if (threadIdx.x == 0) sh.next[k & 1] = static_cast<int>(gridDim.x + taken);  // slot k: k + 2
+    __syncthreads();
+    item = sh.next[k & 1];
   }
 }
 

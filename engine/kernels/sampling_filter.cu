@@ -31,7 +31,8 @@ struct FilterShared {
   float table[kGumbelTableSize];
   u64 red[kScanThreads / 32];
   u64 pick[kDrawPicks];
-  u32 last;  // this CTA ran the row's last draw item
+  u32 last;     // this CTA ran the row's last draw item
+  int next[2];  // the CTA's next item (dynamic items), two slots
   DrawDefer defer[kScanThreads / 32];
 };
 
@@ -301,8 +302,11 @@ __device__ __noinline__ void draw_arrive(const Launch& L, int r, float top_logit
   }
 }
 
-// A grid of at most kFilterBlocksPerSm CTAs per SM loops over the (row, chunk) items, rows in the
-// reverse of the scan's order (the rows it read last are the likeliest in L2).
+// A grid of at most kFilterBlocksPerSm CTAs per SM loops over the live rows' (row, chunk) items,
+// rows in the reverse of the scan's order (the rows it read last are the likeliest in L2). After
+// its first, a CTA takes its items from a counter (Launch::dynamic_items): draw items take 8-34 us
+// (a row's cost follows its floor), and the static stride left the SMs that drew slow items
+// running ~30 us after the median SM was done (per-item stamps, bench/NOTES 135).
 template <typename T, int kU, int kBlocks>
 __global__ void __launch_bounds__(kScanThreads, kBlocks)
     filter_kernel(const __grid_constant__ Launch L) {
@@ -311,24 +315,39 @@ __global__ void __launch_bounds__(kScanThreads, kBlocks)
   __syncthreads();
   pdl_wait_for_prior_grid();
   pdl_launch_dependents();
-  const int items = L.chunks * L.a.max_rows;
-  const int live = *L.a.num_rows;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  const int live = min(*L.a.num_rows, L.a.max_rows);
+  const int items = L.chunks * live;
+  RowState& st0 = L.ws.state(0);
+  int item = static_cast<int>(blockIdx.x);
+  for (int k = 0; item < items; ++k) {
+    // The CTA's next item: taken now, so the atomic's latency overlaps the plan's reads.
+    u32 taken = 0;
+    if (L.dynamic_items && threadIdx.x == 0) taken = atomicAdd(&st0.filter_next, 1u);
     const int lin = items - 1 - item;
     const int r = lin / L.chunks;
-    if (r >= live) continue;
     const RowParams rp = row_params(L, r);
     const RowPlan plan = row_plan(L.ws, r, rp);
+    // Stored once the plan is in (its reads and the atomic overlap); the static path adds the
+    // stride after the item: a next item held in a register across the item's calls made
+    // draw_item spill (ptxas, float at 3 CTAs an SM: 116 / 200 bytes; now 16 / 16, main 20 / 72).
+    // Two slots: slot k is rewritten at k + 2, after every thread passed the barrier of k + 1.
+    if (L.dynamic_items && threadIdx.x == 0) sh.next[k & 1] = static_cast<int>(gridDim.x + taken);
     const int c = lin - r * L.chunks;
     if (plan.mode == kModeDraw) {  // uniform over the CTA
       draw_item<T, kU>(L, r, c, rp, plan, sh);
       draw_arrive<T>(L, r, plan.top, sh);
-    } else if (plan.mode != kModeFast)
+    } else if (plan.mode == kModeFast) {
+      if (!has_plan(rp) && L.a.row_stats == nullptr)
+        filter_item<T, kU, Item::kAllKept>(L, r, c, rp, plan, sh, sh.red);
+      else
+        filter_item<T, kU, Item::kPlanned>(L, r, c, rp, plan, sh, sh.red);
+    }
+    if (!L.dynamic_items) {
+      item += static_cast<int>(gridDim.x);
       continue;
-    else if (!has_plan(rp) && L.a.row_stats == nullptr)
-      filter_item<T, kU, Item::kAllKept>(L, r, c, rp, plan, sh, sh.red);
-    else
-      filter_item<T, kU, Item::kPlanned>(L, r, c, rp, plan, sh, sh.red);
+    }
+    __syncthreads();
+    item = sh.next[k & 1];
   }
 }
 

@@ -151,6 +151,11 @@ struct alignas(128) RowState {
   // items finished; rows with nothing to sum (no picks, pick 0 at the max logit) are not listed.
   u32 draw_list;
   u32 draw_count;
+  // Row 0's block only: the filter's and the check's item counters (dynamic items); the scan
+  // zeroes them (every pass that reads them waits on the scan's end; the bench's partial graphs
+  // run the scan and filter without resolve).
+  u32 filter_next;
+  u32 check_next;
 };
 
 struct RowHist {  // zero between calls; the plan clears it
@@ -197,6 +202,9 @@ struct Launch {
   bool vec_ok = false;          // rows are 16-byte aligned: vector loads
   bool scan_cand = true;        // scan_candidates rows on (GRAPHDECODE_SAMPLING_SCAN_CAND=0: off)
   bool p_draw = true;           // draw rows on (GRAPHDECODE_SAMPLING_P_DRAW=0: off)
+  bool dynamic_items = true;    // filter items from a counter
+                                // (GRAPHDECODE_SAMPLING_DYNAMIC=0: the static stride)
+  bool dynamic_check = true;    // check items too (GRAPHDECODE_SAMPLING_DYNAMIC_CHECK=0: off)
 };
 
 // Checks args (graphdecode::Error naming the field) and lays out the launch (sampling.cu).

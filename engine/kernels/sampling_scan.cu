@@ -202,6 +202,11 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
   const SamplingArgs& a = L.a;
   const int r = blockIdx.x / L.chunks;
   const int c = blockIdx.x - r * L.chunks;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {  // the filter's and check's item counters, before
+    RowState& st0 = L.ws.state(0);            // their waits on this grid (dynamic items)
+    st0.filter_next = 0;
+    st0.check_next = 0;
+  }
   if (r >= *a.num_rows) return;
   __shared__ ScanShared sh;
   const int tid = threadIdx.x;
