@@ -44,7 +44,9 @@
 // keeps the 8 best-scored as picks; a check pass over the whole grid sums the row's exact mass and,
 // for each pick, the exact mass of strictly larger logits; resolve draws the first pick top-p
 // keeps: the same token, by the definition above. If none of the 8 is kept, the exact path decides.
-// GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off (A/B runs).
+// GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off (A/B runs). The filter and the check loop over
+// (row, chunk) items; after its first, a CTA takes the next from a counter, since a draw row's
+// items cost 2-4x another's (GRAPHDECODE_SAMPLING_DYNAMIC=0, _DYNAMIC_CHECK=0: the static stride).
 #pragma once
 
 #include <cuda_runtime.h>
