@@ -2,11 +2,12 @@
 // vocabulary (128256, float32 logits), batch 1..256, against the kernel it replaced (legacy,
 // bench/sampling_legacy.cuh) on the same data in the same run.
 //
-//   bench_sampling [--json PATH] [--reps N] [--batches B,B,...]
+//   bench_sampling [--json PATH] [--reps N] [--batches B,B,...] [--cases C,C,...]
 //   bench_sampling --profile B DIST CASE   (3 eager calls of one case, for ncu; DIST flat|peaked)
 //
-// Cases: all greedy; all temperature 0.8; all top-k 50; all top-p 0.95; all top-k 50 + top-p 0.95;
-// the engine's mix (odd rows greedy, even rows T 0.8 + top-k 50 + top-p 0.95). Logits: near-flat
+// Cases (kCases): all greedy; all temperature 0.8; all top-k 50; all top-p 0.95; all top-k 50 +
+// top-p 0.95; the engine's mix (odd rows greedy, even rows T 0.8 + top-k 50 + top-p 0.95); all
+// top-k 1000; all top-p 0.7; all T 1.2 + top-p 0.95. Logits: near-flat
 // (N(0, 1): the synthetic-weight models' rows, almost every token has mass at T 0.8) and peaked
 // (N(0, 1) background with 8 tokens 10-15 above it, like a trained model). Time: one sample() call
 // captured in a CUDA graph, median device time (events around each replay) of `reps` replays after
@@ -45,8 +46,40 @@ constexpr std::int32_t kVocab = 128256;
 constexpr std::int32_t kBatches[] = {1, 8, 32, 64, 128, 256};
 constexpr int kSpikes = 8;
 
-enum Config { kGreedy, kTemp, kTopK, kTopP, kTopKP, kMix, kConfigs };
-constexpr const char* kConfigNames[] = {"greedy", "T0.8", "k50", "p0.95", "k50+p0.95", "mix"};
+// The cases: every row (or, for "mix", every even row; odd rows greedy) at temperature t, top-k k
+// (0: off), top-p p (1: off). The last three take the paths a sweep of the step found over 3% of
+// greedy (bench/NOTES 137): the histogram (k1000), the histogram with approximate masses (p0.7),
+// and draw rows at a high temperature, whose lists near-flat rows can overflow (T1.2p0.95).
+struct Case {
+  const char* name;
+  float t;
+  std::int32_t k;
+  float p;
+  bool mix;
+};
+constexpr Case kCases[] = {{"greedy", 0.f, 0, 1.f, false},        {"T0.8", 0.8f, 0, 1.f, false},
+                           {"k50", 0.8f, 50, 1.f, false},         {"p0.95", 0.8f, 0, 0.95f, false},
+                           {"k50+p0.95", 0.8f, 50, 0.95f, false}, {"mix", 0.8f, 50, 0.95f, true},
+                           {"k1000", 0.8f, 1000, 1.f, false},     {"p0.7", 0.8f, 0, 0.7f, false},
+                           {"T1.2p0.95", 1.2f, 0, 0.95f, false}};
+constexpr int kConfigs = static_cast<int>(std::size(kCases));
+constexpr int kGreedy = 0;  // kCases[0]: every other case's "extra" is over it
+
+// --cases: names from kCases (refused by name otherwise); greedy always runs first.
+std::vector<int> parse_cases(const std::string& list) {
+  std::vector<int> out{kGreedy};
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    int c = 0;
+    while (c < kConfigs && name != kCases[c].name) ++c;
+    GD_REQUIRE(c < kConfigs, "--cases", name, "unknown case");
+    if (c != kGreedy) out.push_back(c);
+    at = end + 1;
+  }
+  return out;
+}
 constexpr const char* kDistNames[] = {"flat", "peaked"};
 
 __device__ float normal_of(std::uint64_t i, std::uint64_t seed) {  // Box-Muller, one per index
@@ -109,15 +142,16 @@ struct Rig {
     a.path = path.data();
     return a;
   }
-  void set_config(Config c, cudaStream_t s) {
+  void set_config(int c, cudaStream_t s) {
     std::vector<float> t(rows), p(rows);
     std::vector<std::int32_t> k(rows);
     std::vector<std::uint64_t> sd(rows), st(rows);
     for (int r = 0; r < rows; ++r) {
-      const bool sampled = c == kMix ? r % 2 == 0 : c != kGreedy;
-      t[r] = sampled ? 0.8f : 0.f;
-      k[r] = (c == kTopK || c == kTopKP || c == kMix) ? 50 : 0;
-      p[r] = (c == kTopP || c == kTopKP || c == kMix) ? 0.95f : 1.f;
+      const Case& cs = kCases[c];
+      const bool sampled = cs.t > 0.f && (!cs.mix || r % 2 == 0);
+      t[r] = sampled ? cs.t : 0.f;
+      k[r] = sampled ? cs.k : 0;
+      p[r] = sampled ? cs.p : 1.f;
       sd[r] = 0x1234567ull * (r + 1);
       st[r] = 1000 + r;
     }
@@ -178,8 +212,8 @@ std::vector<std::int32_t> download(const DeviceBuffer<std::int32_t>& b, int n, c
   return v;
 }
 
-void bench_batch(int batch, int dist, int reps, int legacy_reps, Flush& flush, cudaStream_t s,
-                 std::vector<Result>& out) {
+void bench_batch(int batch, int dist, int reps, int legacy_reps, const std::vector<int>& cases,
+                 Flush& flush, cudaStream_t s, std::vector<Result>& out) {
   Rig rig(batch);
   const std::size_t n = static_cast<std::size_t>(batch) * kVocab;
   fill_normal<<<1024, 256, 0, s>>>(rig.logits.data(), n, 0x5eed0000ull + batch * 2 + dist);
@@ -190,8 +224,8 @@ void bench_batch(int batch, int dist, int reps, int legacy_reps, Flush& flush, c
     GD_CHECK_LAUNCH();
   }
   double greedy_us[2] = {0, 0};
-  for (int c = 0; c < kConfigs; ++c) {
-    rig.set_config(static_cast<Config>(c), s);
+  for (int c : cases) {
+    rig.set_config(c, s);
     const SamplingArgs a = rig.args();
     // Which path each row took, and agreement with the legacy kernel's tokens.
     sample(a, s);
@@ -240,9 +274,9 @@ void print(const std::vector<Result>& rs) {
               "scan/filter/check+resolve us (warm)");
   for (const Result& r : rs) {
     std::printf("%5d %-7s %-8s %-10s %9.1f %10.1f %9.1f %7.1fx %5d/%-4d %4d/%-4d", r.batch,
-                kDistNames[r.dist], r.flushed ? "flushed" : "warm", kConfigNames[r.config],
-                r.new_us, r.legacy_us, r.extra_us, r.legacy_us / r.new_us, r.fast_rows,
-                r.sampled_rows, r.agree, r.batch);
+                kDistNames[r.dist], r.flushed ? "flushed" : "warm", kCases[r.config].name, r.new_us,
+                r.legacy_us, r.extra_us, r.legacy_us / r.new_us, r.fast_rows, r.sampled_rows,
+                r.agree, r.batch);
     if (!r.flushed) std::printf("  %6.1f/%6.1f/%6.1f", r.scan_us, r.filter_us, r.resolve_us);
     std::printf("\n");
   }
@@ -260,7 +294,7 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, int reps, i
     const Result& r = rs[i];
     f << "    {\"batch\": " << r.batch << ", \"logits\": \"" << kDistNames[r.dist]
       << "\", \"l2\": \"" << (r.flushed ? "flushed" : "warm") << "\", \"case\": \""
-      << kConfigNames[r.config] << "\", \"new_us\": " << r.new_us
+      << kCases[r.config].name << "\", \"new_us\": " << r.new_us
       << ", \"legacy_us\": " << r.legacy_us << ", \"extra_over_greedy_us\": " << r.extra_us
       << ", \"scan_us\": " << r.scan_us << ", \"filter_us\": " << r.filter_us
       << ", \"resolve_us\": " << r.resolve_us << ", \"sampled_rows\": " << r.sampled_rows
@@ -273,7 +307,7 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, int reps, i
 // Three eager calls of one case (for a profiler to pick up).
 int profile(int batch, const std::string& dist, const std::string& config, cudaStream_t s) {
   int c = 0;
-  while (c < kConfigs && config != kConfigNames[c]) ++c;
+  while (c < kConfigs && config != kCases[c].name) ++c;
   GD_REQUIRE(c < kConfigs, "CASE", config, "unknown case");
   Rig rig(batch);
   fill_normal<<<1024, 256, 0, s>>>(rig.logits.data(), static_cast<std::size_t>(batch) * kVocab,
@@ -283,7 +317,7 @@ int profile(int batch, const std::string& dist, const std::string& config, cudaS
     add_spikes<<<(batch * kSpikes + 255) / 256, 256, 0, s>>>(rig.logits.data(), batch, kVocab, 7);
     GD_CHECK_LAUNCH();
   }
-  rig.set_config(static_cast<Config>(c), s);
+  rig.set_config(c, s);
   for (int i = 0; i < 3; ++i) sample(rig.args(), s);
   GD_CUDA(cudaStreamSynchronize(s));
   return 0;
@@ -293,6 +327,8 @@ int run_main(int argc, char** argv) {
   std::string json;
   int reps = 100;
   std::vector<std::int32_t> batches(std::begin(kBatches), std::end(kBatches));
+  std::vector<int> cases(kConfigs);
+  for (int c = 0; c < kConfigs; ++c) cases[c] = c;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -301,11 +337,15 @@ int run_main(int argc, char** argv) {
       reps = std::max(20, std::atoi(argv[++i]));
     } else if (a == "--batches" && i + 1 < argc) {
       batches = parse_list("--batches", argv[++i]);
+    } else if (a == "--cases" && i + 1 < argc) {
+      cases = parse_cases(argv[++i]);
     } else if (a == "--profile" && i + 3 < argc) {
       Stream s;
       return profile(std::atoi(argv[i + 1]), argv[i + 2], argv[i + 3], s.get());
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N>=20] [--batches B,B,...]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--reps N>=20] [--batches B,B,...] [--cases C,C,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -326,7 +366,7 @@ int run_main(int argc, char** argv) {
   Flush flush(prop.l2CacheSize);
   std::vector<Result> rs;
   for (int dist = 0; dist < 2; ++dist)
-    for (int b : batches) bench_batch(b, dist, reps, legacy_reps, flush, s.get(), rs);
+    for (int b : batches) bench_batch(b, dist, reps, legacy_reps, cases, flush, s.get(), rs);
   print(rs);
   if (!json.empty()) write_json(json, prop, reps, legacy_reps, rs);
   return 0;
