@@ -15,8 +15,9 @@
 // replays (logits as L2 kept them; in the engine the LM-head GEMM has just written them).
 // "extra" = time minus the all-greedy time of the same batch, distribution and L2 mode.
 // Per-pass breakdown (warm): graphs of the scan alone, scan + filter, and all passes; the
-// differences are what filter and the rest (check and resolve) add (the workspace is cleared after
-// the partial graphs, which leave the filter's accumulators set).
+// differences are what filter and the rest (check and resolve) add (each partial graph starts by
+// clearing the rows' candidate counts, a kernel timed alone and subtracted; the workspace is
+// cleared after them, as they leave the filter's accumulators set).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -178,6 +179,20 @@ struct Flush {
   }
 };
 
+// The partial graphs below run the scan and filter without resolve, which resets each row's
+// candidate count: replayed, a draw row's list would grow every replay (its picks found over a
+// longer list each time, or none once it overflowed). This kernel, first in each partial graph and
+// timed alone, clears it.
+__global__ void clear_candidate_counts(const sampling::Launch L) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < L.a.max_rows) L.ws.state(r).cand_count = 0;
+}
+
+void launch_clear(const sampling::Launch& L, cudaStream_t s) {
+  clear_candidate_counts<<<(L.a.max_rows + 255) / 256, 256, 0, s>>>(L);
+  GD_CHECK_LAUNCH();
+}
+
 // Median device time (us) of one replay of `g`, after 3 warm-up replays.
 double replay_us(const CudaGraph& g, int reps, Flush* flush, cudaStream_t s) {
   for (int i = 0; i < 3; ++i) {
@@ -243,13 +258,19 @@ void bench_batch(int batch, int dist, int reps, int legacy_reps, const std::vect
     const CudaGraph g_new = CudaGraph::capture(s, [&] { sample(a, s); });
     const CudaGraph g_old = CudaGraph::capture(s, [&] { legacy::sample(a, s); });
     const sampling::Launch L = sampling::make_launch(a);
-    const CudaGraph g_scan = CudaGraph::capture(s, [&] { sampling::launch_scan(L, s); });
+    const CudaGraph g_clear = CudaGraph::capture(s, [&] { launch_clear(L, s); });
+    const CudaGraph g_scan = CudaGraph::capture(s, [&] {
+      launch_clear(L, s);
+      sampling::launch_scan(L, s);
+    });
     const CudaGraph g_scan_filter = CudaGraph::capture(s, [&] {
+      launch_clear(L, s);
       sampling::launch_scan(L, s);
       sampling::launch_filter(L, s);
     });
-    const double scan_us = replay_us(g_scan, reps, nullptr, s);
-    const double scan_filter_us = replay_us(g_scan_filter, reps, nullptr, s);
+    const double clear_us = replay_us(g_clear, reps, nullptr, s);
+    const double scan_us = replay_us(g_scan, reps, nullptr, s) - clear_us;
+    const double scan_filter_us = replay_us(g_scan_filter, reps, nullptr, s) - clear_us;
     rig.ws.fill_bytes(0, s);  // the partial graphs left the filter's accumulators set
     for (int f = 0; f < 2; ++f) {
       Result r = base;
