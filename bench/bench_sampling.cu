@@ -69,15 +69,11 @@ constexpr int kGreedy = 0;  // kCases[0]: every other case's "extra" is over it
 // --cases: names from kCases (refused by name otherwise); greedy always runs first.
 std::vector<int> parse_cases(const std::string& list) {
   std::vector<int> out{kGreedy};
-  std::size_t at = 0;
-  while (at <= list.size()) {
-    const std::size_t end = std::min(list.find(',', at), list.size());
-    const std::string name = list.substr(at, end - at);
+  for (const std::string& name : split_list("--cases", list)) {
     int c = 0;
     while (c < kConfigs && name != kCases[c].name) ++c;
     GD_REQUIRE(c < kConfigs, "--cases", name, "unknown case");
     if (c != kGreedy) out.push_back(c);
-    at = end + 1;
   }
   return out;
 }

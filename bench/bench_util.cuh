@@ -141,18 +141,25 @@ double dense_bf16_peak_tflops(std::string_view name, std::string* source = nullp
   return 0;
 }
 
+// A flag's comma-separated items ("a,b" -> {"a", "b"}); an empty value is refused by name.
+std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
+  std::vector<std::string> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(item);
+  GD_REQUIRE(!v.empty(), flag, text, "empty list");
+  return v;
+}
+
 // "1,8,64" -> {1, 8, 64}; every entry positive.
 std::vector<std::int32_t> parse_list(const std::string& flag, const std::string& text) {
   std::vector<std::int32_t> v;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
+  for (const std::string& item : split_list(flag, text)) {
     char* end = nullptr;
     const long x = std::strtol(item.c_str(), &end, 10);
     GD_REQUIRE(!item.empty() && *end == '\0' && x > 0 && x < (1l << 30), flag, item,
                "expected a comma-separated list of positive integers");
     v.push_back(static_cast<std::int32_t>(x));
   }
-  GD_REQUIRE(!v.empty(), flag, text, "empty list");
   return v;
 }
 
