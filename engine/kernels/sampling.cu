@@ -27,6 +27,21 @@ bool env_is_zero(const char* name) {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
+// GRAPHDECODE_SAMPLING_DRAW_MIN_P (read once): the smallest top-p of a draw row (kDrawMinTopP
+// unless set), for A/B runs of lower p on the draw path; a value outside (0, 1] is refused.
+float draw_min_top_p() {
+  static const float p = [] {
+    const char* v = std::getenv("GRAPHDECODE_SAMPLING_DRAW_MIN_P");
+    if (v == nullptr) return kDrawMinTopP;
+    char* end = nullptr;
+    const float x = std::strtof(v, &end);
+    GD_REQUIRE(end != v && *end == '\0' && x > 0.f && x <= 1.f, "GRAPHDECODE_SAMPLING_DRAW_MIN_P",
+               v, "must be a number in (0, 1]");
+    return x;
+  }();
+  return p;
+}
+
 }  // namespace
 
 Launch make_launch(const SamplingArgs& args) {
@@ -77,6 +92,9 @@ Launch make_launch(const SamplingArgs& args) {
   static const bool dynamic_check = !env_is_zero("GRAPHDECODE_SAMPLING_DYNAMIC_CHECK");
   L.dynamic_items = dynamic_items;
   L.dynamic_check = dynamic_items && dynamic_check;
+  static const bool draw_floor = !env_is_zero("GRAPHDECODE_SAMPLING_DRAW_FLOOR");
+  L.draw_floor = draw_floor;
+  L.draw_min_top_p = draw_min_top_p();
   int dev = 0;
   GD_CUDA(cudaGetDevice(&dev));
   GD_CUDA(cudaDeviceGetAttribute(&L.sms, cudaDevAttrMultiProcessorCount, dev));

@@ -170,8 +170,9 @@ __device__ __forceinline__ void drain_draw(const DrawDefer& d, u32 n, const Scor
 }
 
 // A draw row's (row, chunk) item (sampling_kernels.cuh, kDrawMinTopP): every token whose score
-// reaches the top token's (a fixed floor: other scores may belong to tokens top-p drops) listed as
-// a candidate, pack_max(score key, index). The streaming loop applies the cheap bounds only (the
+// reaches the floor (the larger of the top token's score and L - kDrawFloorMargin: a fixed floor,
+// since other scores may belong to tokens top-p drops) listed as a candidate, pack_max(score key,
+// index). The streaming loop applies the cheap bounds only (the
 // word's top byte, then its top nibble: noise <= table[16], ~2.7 against table[1]'s ~5.5, which
 // alone lets a third of a near-flat row through at this floor); the rest wait in the warp's list
 // (drain_draw). Not inlined: apart, the other items keep their registers.
@@ -197,6 +198,7 @@ __device__ __noinline__ void draw_item(const Launch& L, int r, int c, const RowP
   DrawDefer& d = sh.defer[tid >> 5];
   ScoreMax m = score_max(sh.table, 0u);
   m.raise(key_of(score_of(top, top, inv_t, token_word(seed, step, plan.greedy))));
+  if (L.draw_floor) m.raise(__ldcg(&st.draw_floor_key));  // the scan's last CTA of the row
   const float bound16 = sh.table[16];
   u32 n = 0;  // deferred tokens in the warp's list (warp-uniform)
 #pragma unroll

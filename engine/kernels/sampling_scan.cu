@@ -4,6 +4,7 @@
 
 #include <cfloat>
 
+#include "common/atomics.cuh"
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
 
@@ -22,6 +23,7 @@ struct ScanShared {
   double redd[kScanThreads / 32];
   u32 red32[kScanThreads / 32];
   u32 lim[kScanThreads / 32];
+  DrawPart part[kScanThreads / 32];  // draw rows: the warps' log-sum-exp parts
   u32 staged, base;  // candidate rows: indices staged in a (see scan_kernel), their first slot
   bool last;
   // Plan scalars.
@@ -195,6 +197,59 @@ __device__ void make_candidate_plan(const Launch& L, int r, const RowParams& rp)
   st.above_k = 0, st.below = 0;
 }
 
+// A draw row's chunk: its (max, sum exp) for the floor (kDrawFloorMargin), from the logits in
+// registers and the thread's max logit; the warps' parts merged by shuffles, then by warp 0
+// after one barrier, and stored to the row's slot c. The row's last CTA (arrival ticket, as in
+// draw_arrive: thread 0's acq_rel atomic after its own store) merges the row's parts and writes
+// RowState::draw_floor_key (all threads call; warp 0 does the work).
+template <typename T, int kU>
+__device__ __forceinline__ void draw_part(const Launch& L, int r, int c, float inv_t,
+                                          const float (&v)[kU][VecOf<T>::kWidth], float thread_max,
+                                          DrawPart* part) {
+  constexpr int W = VecOf<T>::kWidth;
+  const int tid = threadIdx.x, lane = tid & 31;
+  DrawPart p{thread_max, 0.f};
+  if (p.max > -INFINITY) {  // -inf logits (masked tokens) add nothing
+    const int base = c * L.chunk;
+    const bool whole = base + L.chunk <= L.a.vocab;  // most chunks: no index tests
+#pragma unroll
+    for (int j = 0; j < kU; ++j)
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (whole || base + (j * kScanThreads + tid) * W + e < L.a.vocab)
+          p.sum += __expf((v[j][e] - p.max) * inv_t);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) p = merge_parts(p, shfl_xor_part(p, o), inv_t);
+  if (lane == 0) part[tid >> 5] = p;
+  __syncthreads();
+  if (tid >= 32) return;
+  p = lane < kScanThreads / 32 ? part[lane] : DrawPart{-INFINITY, 0.f};
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) p = merge_parts(p, shfl_xor_part(p, o), inv_t);
+  DrawPart* parts = L.ws.draw_parts(r);
+  RowState& st = L.ws.state(r);
+  u32 last = 0;
+  if (lane == 0) {
+    parts[c] = p;
+    last = atomic_add_acq_rel_gpu(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
+  }
+  __syncwarp();  // orders the lanes' loads below after lane 0's acquire
+  if (!__shfl_sync(kFull, last, 0)) return;
+  p = DrawPart{-INFINITY, 0.f};
+  for (int q = lane; q < L.chunks; q += 32) {
+    const float2 f = __ldcg(reinterpret_cast<const float2*>(&parts[q]));
+    p = merge_parts(p, DrawPart{f.x, f.y}, inv_t);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) p = merge_parts(p, shfl_xor_part(p, o), inv_t);
+  if (lane != 0) return;
+  // The row's max is the merged max: log Z of x = (l - max) / T is log of the merged sum.
+  const float log_z = __logf(p.sum);
+  st.draw_floor_key = log_z > -INFINITY && log_z < INFINITY ? key_of(log_z - kDrawFloorMargin) : 0u;
+  st.ticket = 0;
+}
+
 template <typename T, int kU>
 __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     scan_kernel(const __grid_constant__ Launch L) {
@@ -241,9 +296,11 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
       }
     }
   RowState& st = L.ws.state(r);
-  if (!hist) {  // greedy or temperature only: one atomic per warp, no barrier, no ticket
+  if (!hist) {  // greedy, temperature only or draw: one atomic per warp, no ticket
+    const float thread_max = best != 0 ? key_to_float(packed_key(best)) : -INFINITY;
     best = warp_max(best);
     if ((tid & 31) == 0 && best != 0) atomicMax(&st.argmax, best);
+    if (rp.draw && L.draw_floor) draw_part<T, kU>(L, r, c, rp.inv_t, v, thread_max, sh.part);
     return;
   }
   // With top-k (k <= 256) only keys >= lim matter: the k-th largest key of the row is >= the
