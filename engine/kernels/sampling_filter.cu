@@ -169,6 +169,13 @@ __device__ __forceinline__ void drain_draw(const DrawDefer& d, u32 n, const Scor
   __syncwarp();  // the list is reused
 }
 
+// The key of a draw row's floor score max_c L_c - kDrawFloorMargin (sampling_kernels.cuh) from
+// the scan's largest chunk log-sum-exp of l / T (`lse`, a key; 0: none); 0 when it is not finite.
+__device__ __forceinline__ u32 draw_floor_key(u32 lse, float top, float inv_t) {
+  const float f = key_to_float(lse) - top * inv_t - kDrawFloorMargin;
+  return lse != 0 && f > -INFINITY && f < INFINITY ? key_of(f) : 0u;
+}
+
 // A draw row's (row, chunk) item (sampling_kernels.cuh, kDrawMinTopP): every token whose score
 // reaches the floor (the larger of the top token's score and L - kDrawFloorMargin: a fixed floor,
 // since other scores may belong to tokens top-p drops) listed as a candidate, pack_max(score key,
@@ -198,7 +205,7 @@ __device__ __noinline__ void draw_item(const Launch& L, int r, int c, const RowP
   DrawDefer& d = sh.defer[tid >> 5];
   ScoreMax m = score_max(sh.table, 0u);
   m.raise(key_of(score_of(top, top, inv_t, token_word(seed, step, plan.greedy))));
-  if (L.draw_floor) m.raise(__ldcg(&st.draw_floor_key));  // the scan's last CTA of the row
+  if (L.draw_floor) m.raise(draw_floor_key(__ldcg(&st.draw_lse), top, inv_t));
   const float bound16 = sh.table[16];
   u32 n = 0;  // deferred tokens in the warp's list (warp-uniform)
 #pragma unroll

@@ -95,15 +95,19 @@ constexpr int kScanCandMaxTopK = 64;
 constexpr float kDrawMinTopP = 0.8f;
 constexpr int kDrawPicks = 8;
 // The draw floor: a draw row lists the tokens whose score reaches F = max(the top token's score,
-// L - kDrawFloorMargin), L = log sum_i exp(x_i), x_i = (l_i - max) / T. Any floor gives the same
-// token (a kept set whose best score lies below F has no listed token kept, and resolve takes the
-// exact path); L bounds how many scores reach it: the scores are Gumbel(x_i), so token i reaches
-// L - m with probability ~ p_i e^m, ~e^4 = 55 tokens in all whatever the row's shape and
-// temperature. Without it the list held ~Z e^-G tokens (Z = e^L, G the top token's noise): on
-// near-flat 128k rows at T 1.2, Z ~ 6e3, and ~5% of rows passed the 16,384 slots and took the
-// exact path (~1.4 ms in one CTA; bench/NOTES 137). The kept set's best score falls below the
-// floor with probability exp(-p e^4) (~1e-19 at p = 0.8). The scan writes each chunk's (max,
-// sum exp) (draw_parts), and the row's last scan CTA merges them into the floor.
+// max_c L_c - kDrawFloorMargin), L_c = log sum_{i in chunk c} exp(x_i), x_i = (l_i - max) / T.
+// Any floor gives the same token (a kept set whose best score lies below F has no listed token
+// kept, and resolve takes the exact path); the floor bounds how many scores reach it: the scores
+// are Gumbel(x_i), so token i reaches L_c - m with probability ~ p_i e^m, and each chunk lists
+// ~e^4 = 55 of its tokens (~900 of a 16-chunk row, ~3.5k of a 63-chunk one) whatever the row's
+// shape and temperature. Without it the list held ~Z e^-G tokens (Z = sum_i exp(x_i), G the top
+// token's noise): on near-flat 128k rows at T 1.2, Z ~ 6e3, and ~5% of rows passed the 16,384
+// slots and took the exact path (~1.4 ms in one CTA; bench/NOTES 137). max_c L_c <= log Z, so the
+// kept set's best score (Gumbel with location >= log(p Z)) falls below F with probability at most
+// exp(-p e^4) (~1e-19 at p = 0.8). Each scan CTA of a draw row takes its chunk's log-sum-exp and
+// merges it with one atomicMax (RowState::draw_lse): a row-wide log Z needed a last-CTA merge, an
+// acq_rel ticket per CTA, which cost the scan of top-p rows 17 us at B = 128 and 32 at 256
+// (bench_sampling, call t210).
 constexpr float kDrawFloorMargin = 4.f;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
 // slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
@@ -167,9 +171,9 @@ struct alignas(128) RowState {
   // run the scan and filter without resolve).
   u32 filter_next;
   u32 check_next;
-  // Draw rows: the key of the floor score L - kDrawFloorMargin, written by the scan's last CTA of
-  // the row (0: no floor) before the filter reads it.
-  u32 draw_floor_key;
+  // Draw rows: the largest log-sum-exp of a chunk's scaled logits, key_of(log sum exp(l / T)), by
+  // atomicMax from the scan (kDrawFloorMargin); 0 = none. Zero between calls: resolve resets it.
+  u32 draw_lse;
 };
 
 struct RowHist {  // zero between calls; the plan clears it
@@ -183,25 +187,9 @@ struct RowHist {  // zero between calls; the plan clears it
 __host__ __device__ constexpr std::size_t candidate_capacity(std::int32_t vocab) {
   return static_cast<std::size_t>(vocab < kMaxCandidates ? vocab : kMaxCandidates);
 }
-// Draw rows' per-chunk partials (DrawPart), one per chunk of the small chunk size (the most).
-__host__ __device__ constexpr std::size_t draw_part_capacity(std::int32_t vocab) {
-  return static_cast<std::size_t>((vocab + kSmallChunk - 1) / kSmallChunk);
-}
-__host__ __device__ constexpr std::size_t round_128(std::size_t bytes) {
-  return (bytes + 127) / 128 * 128;
-}
 __host__ __device__ constexpr std::size_t row_block_bytes(std::int32_t vocab) {
-  return sizeof(RowState) + sizeof(RowHist) + round_128(candidate_capacity(vocab) * 8) +
-         round_128(draw_part_capacity(vocab) * 8);
+  return sizeof(RowState) + sizeof(RowHist) + ((candidate_capacity(vocab) * 8 + 127) / 128) * 128;
 }
-
-// A chunk's part of a draw row's log-sum-exp (kDrawFloorMargin): its max logit and the sum of
-// exp((l - max) / T) over its logits (0 when none is finite). Written by each scan CTA of the row,
-// merged by the last.
-struct alignas(8) DrawPart {
-  float max;
-  float sum;
-};
 
 struct Workspace {
   unsigned char* base = nullptr;
@@ -219,11 +207,6 @@ struct Workspace {
     return reinterpret_cast<u64*>(base + static_cast<std::size_t>(r) * row_bytes +
                                   sizeof(RowState) + sizeof(RowHist));
   }
-  __device__ DrawPart* draw_parts(int r) const {
-    return reinterpret_cast<DrawPart*>(base + static_cast<std::size_t>(r) * row_bytes +
-                                       sizeof(RowState) + sizeof(RowHist) +
-                                       round_128(static_cast<std::size_t>(cap) * 8));
-  }
 };
 
 // ---- launch parameters -------------------------------------------------------------------------
@@ -240,8 +223,8 @@ struct Launch {
   bool dynamic_items = true;    // filter items from a counter
                                 // (GRAPHDECODE_SAMPLING_DYNAMIC=0: the static stride)
   bool dynamic_check = true;    // check items too (GRAPHDECODE_SAMPLING_DYNAMIC_CHECK=0: off)
-  bool draw_floor = true;       // the L - 4 floor (GRAPHDECODE_SAMPLING_DRAW_FLOOR=0: the top
-                                // token's score alone)
+  bool draw_floor = true;       // the draw floor (kDrawFloorMargin; GRAPHDECODE_SAMPLING_DRAW_
+                                // FLOOR=0: the top token's score alone)
   float draw_min_top_p = kDrawMinTopP;  // GRAPHDECODE_SAMPLING_DRAW_MIN_P (A/B runs)
 };
 
@@ -498,19 +481,6 @@ __device__ __forceinline__ void draw_keys(const RowState& st, u32 (&key)[kDrawPi
 #pragma unroll
   for (int j = 0; j < kDrawPicks; ++j)
     key[j] = st.pick[j] != 0 && (j == 0 || st.pick_key[j] > key0) ? st.pick_key[j] : ~0u;
-}
-
-// Two parts of a log-sum-exp merged: the larger max, each sum rescaled to it (an empty part, sum
-// 0, adds nothing: its max may be -inf). Fast exponentials: any floor gives the same token; its
-// precision only moves how many tokens the filter lists.
-__device__ __forceinline__ DrawPart merge_parts(DrawPart a, DrawPart b, float inv_t) {
-  const float m = fmaxf(a.max, b.max);
-  const float sa = a.sum > 0.f ? __fmul_rn(a.sum, __expf((a.max - m) * inv_t)) : 0.f;
-  const float sb = b.sum > 0.f ? __fmul_rn(b.sum, __expf((b.max - m) * inv_t)) : 0.f;
-  return DrawPart{m, __fadd_rn(sa, sb)};  // unfused: symmetric in a and b
-}
-__device__ __forceinline__ DrawPart shfl_xor_part(DrawPart p, int o) {
-  return DrawPart{__shfl_xor_sync(0xffffffffu, p.max, o), __shfl_xor_sync(0xffffffffu, p.sum, o)};
 }
 
 // The random word of token i for a request's (seed, step) (a select, not an indexed read of the

@@ -341,7 +341,10 @@ __global__ void __launch_bounds__(kResolveThreads, 1)
     __syncthreads();  // the previous row's readers of sh and of the row state are done
     const RowPlan plan = row_plan(L.ws, r, rp);
     __syncthreads();  // every thread has its plan (read from the argmax when the row has none)
-    if (threadIdx.x == 0 && !has_plan(rp)) L.ws.state(r).argmax = 0;  // for the next call
+    if (threadIdx.x == 0 && !has_plan(rp)) {  // for the next call
+      L.ws.state(r).argmax = 0;
+      L.ws.state(r).draw_lse = 0;
+    }
     if (plan.mode == kModeDone) {
       if (threadIdx.x == 0) {
         L.a.tokens[r] = plan.greedy;

@@ -16,6 +16,13 @@ constexpr int kPerThread = kBuckets / kScanThreads;  // buckets each thread owns
 // barriers.
 constexpr int kScanMinBlocks = 3;
 
+// A part of a log-sum-exp: a max logit and the sum of exp((l - max) / T) over its logits (0 when
+// none is finite: the max may then be -inf).
+struct DrawPart {
+  float max;
+  float sum;
+};
+
 struct ScanShared {
   u32 a[kBuckets];  // counts
   u32 b[kBuckets];  // approximate masses (fixed point, kApproxFracBits)
@@ -197,15 +204,25 @@ __device__ void make_candidate_plan(const Launch& L, int r, const RowParams& rp)
   st.above_k = 0, st.below = 0;
 }
 
-// A draw row's chunk: its (max, sum exp) for the floor (kDrawFloorMargin), from the logits in
-// registers and the thread's max logit; the warps' parts merged by shuffles, then by warp 0
-// after one barrier, and stored to the row's slot c. The row's last CTA (arrival ticket, as in
-// draw_arrive: thread 0's acq_rel atomic after its own store) merges the row's parts and writes
-// RowState::draw_floor_key (all threads call; warp 0 does the work).
+// Two parts merged: the larger max, each sum rescaled to it. Fast exponentials: any floor gives
+// the same token; its precision only moves how many tokens the filter lists.
+__device__ __forceinline__ DrawPart merge_parts(DrawPart a, DrawPart b, float inv_t) {
+  const float m = fmaxf(a.max, b.max);
+  const float sa = a.sum > 0.f ? a.sum * __expf((a.max - m) * inv_t) : 0.f;
+  const float sb = b.sum > 0.f ? b.sum * __expf((b.max - m) * inv_t) : 0.f;
+  return DrawPart{m, sa + sb};
+}
+__device__ __forceinline__ DrawPart shfl_xor_part(DrawPart p, int o) {
+  return DrawPart{__shfl_xor_sync(kFull, p.max, o), __shfl_xor_sync(kFull, p.sum, o)};
+}
+
+// A draw row's chunk (kDrawFloorMargin): its log-sum-exp of scaled logits, log sum exp(l / T),
+// merged into RowState::draw_lse with one atomicMax, from the logits in registers and the thread's
+// max logit; the warps' parts merged by shuffles, then by warp 0 after one barrier (all threads).
 template <typename T, int kU>
-__device__ __forceinline__ void draw_part(const Launch& L, int r, int c, float inv_t,
-                                          const float (&v)[kU][VecOf<T>::kWidth], float thread_max,
-                                          DrawPart* part) {
+__device__ __forceinline__ void draw_lse(const Launch& L, int r, int c, float inv_t,
+                                         const float (&v)[kU][VecOf<T>::kWidth], float thread_max,
+                                         DrawPart* part) {
   constexpr int W = VecOf<T>::kWidth;
   const int tid = threadIdx.x, lane = tid & 31;
   DrawPart p{thread_max, 0.f};
@@ -227,27 +244,8 @@ __device__ __forceinline__ void draw_part(const Launch& L, int r, int c, float i
   p = lane < kScanThreads / 32 ? part[lane] : DrawPart{-INFINITY, 0.f};
 #pragma unroll
   for (int o = 4; o > 0; o >>= 1) p = merge_parts(p, shfl_xor_part(p, o), inv_t);
-  DrawPart* parts = L.ws.draw_parts(r);
-  RowState& st = L.ws.state(r);
-  u32 last = 0;
-  if (lane == 0) {
-    parts[c] = p;
-    last = atomic_add_acq_rel_gpu(&st.ticket, 1u) == static_cast<u32>(L.chunks - 1);
-  }
-  __syncwarp();  // orders the lanes' loads below after lane 0's acquire
-  if (!__shfl_sync(kFull, last, 0)) return;
-  p = DrawPart{-INFINITY, 0.f};
-  for (int q = lane; q < L.chunks; q += 32) {
-    const float2 f = __ldcg(reinterpret_cast<const float2*>(&parts[q]));
-    p = merge_parts(p, DrawPart{f.x, f.y}, inv_t);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) p = merge_parts(p, shfl_xor_part(p, o), inv_t);
-  if (lane != 0) return;
-  // The row's max is the merged max: log Z of x = (l - max) / T is log of the merged sum.
-  const float log_z = __logf(p.sum);
-  st.draw_floor_key = log_z > -INFINITY && log_z < INFINITY ? key_of(log_z - kDrawFloorMargin) : 0u;
-  st.ticket = 0;
+  const float lse = p.max * inv_t + __logf(p.sum);
+  if (lane == 0 && p.sum > 0.f && lse == lse) atomicMax(&L.ws.state(r).draw_lse, key_of(lse));
 }
 
 template <typename T, int kU>
@@ -300,7 +298,7 @@ __global__ void __launch_bounds__(kScanThreads, kScanMinBlocks)
     const float thread_max = best != 0 ? key_to_float(packed_key(best)) : -INFINITY;
     best = warp_max(best);
     if ((tid & 31) == 0 && best != 0) atomicMax(&st.argmax, best);
-    if (rp.draw && L.draw_floor) draw_part<T, kU>(L, r, c, rp.inv_t, v, thread_max, sh.part);
+    if (rp.draw && L.draw_floor) draw_lse<T, kU>(L, r, c, rp.inv_t, v, thread_max, sh.part);
     return;
   }
   // With top-k (k <= 256) only keys >= lim matter: the k-th largest key of the row is >= the
