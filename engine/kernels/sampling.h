@@ -38,15 +38,17 @@
 // same result). Rows with top-k <= 64 at the large chunk skip the histogram and the filter: the
 // scan appends every logit at or above its CTA's bound of the k-th key (a superset of the top-k
 // set) to the candidate list, and resolve selects both thresholds exactly among them.
-// GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs). Rows with top-p >= 0.8 and no top-k
-// (without row_stats) skip the histogram too: the filter lists every token whose score reaches
-// the top token's (which is always kept, so the kept set's best-scored token is among them) and
-// keeps the 8 best-scored as picks; a check pass over the whole grid sums the row's exact mass and,
-// for each pick, the exact mass of strictly larger logits; resolve draws the first pick top-p
-// keeps: the same token, by the definition above. If none of the 8 is kept, the exact path decides.
-// GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off (A/B runs). The filter and the check loop over
-// (row, chunk) items; after its first, a CTA takes the next from a counter, since a draw row's
-// items cost 2-4x another's (GRAPHDECODE_SAMPLING_DYNAMIC=0, _DYNAMIC_CHECK=0: the static stride).
+// GRAPHDECODE_SAMPLING_SCAN_CAND=0 turns that off (A/B runs). Rows with top-p >= 0.7 and no top-k
+// (without row_stats) skip the histogram too: the filter lists every token whose score reaches a
+// floor (the top token's score, or a chunk's log-sum-exp less 4 when higher: the kept set's
+// best-scored token is among them unless it lies below the floor, ~e^-38 of rows at p 0.7) and
+// keeps the 8 best-scored as picks; a check pass over the whole grid sums the row's exact mass
+// and, for each pick, the exact mass of strictly larger logits; resolve draws the first pick top-p
+// keeps: the same token, by the definition above. If none of the 8 is kept, the exact path
+// decides. GRAPHDECODE_SAMPLING_P_DRAW=0 turns that off, _DRAW_FLOOR=0 the floor, _DRAW_MIN_P=x
+// moves the 0.7 (A/B runs). The filter and the check loop over (row, chunk) items; after its
+// first, a CTA takes the next from a counter, since a draw row's items cost 2-4x another's
+// (GRAPHDECODE_SAMPLING_DYNAMIC=0, _DYNAMIC_CHECK=0: the static stride).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -81,18 +81,20 @@ constexpr int kFilterBlocksPerSm = 3;
 // keep the histogram plan.
 constexpr int kScanCandMaxTopK = 64;
 // Top-p without top-k, p >= kDrawMinTopP, no row stats ("draw" rows): no histogram and no plan.
-// The filter lists every token whose Gumbel score reaches the top token's (the top token is always
-// kept, so the kept set's best score is among them: ~Z e^-G of a near-flat row, ~600 at T 0.8 over
-// 128k) and the row's last filter CTA keeps the kDrawPicks best scores as its picks; the check
+// The filter lists every token whose Gumbel score reaches the draw floor (kDrawFloorMargin: the
+// top token's score or higher; the kept set's best score is among them unless it lies below the
+// floor) and the row's last filter CTA keeps the kDrawPicks best scores as its picks; the check
 // pass sums, over the whole grid, the row's exact mass Z and for each pick the exact mass of
 // strictly larger logits; resolve draws the first pick top-p keeps (the kept set's argmax: the
 // same token as the plan's). Each pick is kept with probability about p or more, so all
-// kDrawPicks are rejected with probability about (1 - p)^kDrawPicks (1e-6 at p = 0.8): the
-// whole-row exact path then decides. Below 0.8 the histogram plan stays (p = 1e-6 keeps one
-// token: the picks would miss it). When resolve summed the picks' masses in one pass over the row
+// kDrawPicks are rejected with probability about (1 - p)^kDrawPicks (6.6e-5 at p = 0.7): the
+// whole-row exact path then decides (~1.4 ms for a 128k row). Below 0.7 the histogram plan stays
+// (3.9e-3 at p = 0.5, and p = 1e-6 keeps one token: the picks would miss it). At 0.7 rather than
+// 0.8 (call t210, 1B step, p 0.7 rows): sampled / greedy 1.052-1.159 on the histogram plan ->
+// 1.012-1.068 drawn at B = 1-256. When resolve summed the picks' masses in one pass over the row
 // in one CTA (~30 us a peaked row, ~80 a flat one, call t33), draw rows were kept to the large
 // chunk; with the grid-wide check they run at both.
-constexpr float kDrawMinTopP = 0.8f;
+constexpr float kDrawMinTopP = 0.7f;
 constexpr int kDrawPicks = 8;
 // The draw floor: a draw row lists the tokens whose score reaches F = max(the top token's score,
 // max_c L_c - kDrawFloorMargin), L_c = log sum_{i in chunk c} exp(x_i), x_i = (l_i - max) / T.
@@ -104,7 +106,7 @@ constexpr int kDrawPicks = 8;
 // token's noise): on near-flat 128k rows at T 1.2, Z ~ 6e3, and ~5% of rows passed the 16,384
 // slots and took the exact path (~1.4 ms in one CTA; bench/NOTES 137). max_c L_c <= log Z, so the
 // kept set's best score (Gumbel with location >= log(p Z)) falls below F with probability at most
-// exp(-p e^4) (~1e-19 at p = 0.8). Each scan CTA of a draw row takes its chunk's log-sum-exp and
+// exp(-p e^4) (~3e-17 at p = 0.7). Each scan CTA of a draw row takes its chunk's log-sum-exp and
 // merges it with one atomicMax (RowState::draw_lse): a row-wide log Z needed a last-CTA merge, an
 // acq_rel ticket per CTA, which cost the scan of top-p rows 17 us at B = 128 and 32 at 256
 // (bench_sampling, call t210).
