@@ -7,7 +7,7 @@
 //
 // Cases (kCases): all greedy; all temperature 0.8; all top-k 50; all top-p 0.95; all top-k 50 +
 // top-p 0.95; the engine's mix (odd rows greedy, even rows T 0.8 + top-k 50 + top-p 0.95); all
-// top-k 1000; all top-p 0.7; all T 1.2 + top-p 0.95. Logits: near-flat
+// top-k 1000; all top-p 0.7; all top-p 0.5; all T 1.2 + top-p 0.95. Logits: near-flat
 // (N(0, 1): the synthetic-weight models' rows, almost every token has mass at T 0.8) and peaked
 // (N(0, 1) background with 8 tokens 10-15 above it, like a trained model). Time: one sample() call
 // captured in a CUDA graph, median device time (events around each replay) of `reps` replays after
@@ -48,9 +48,10 @@ constexpr std::int32_t kBatches[] = {1, 8, 32, 64, 128, 256};
 constexpr int kSpikes = 8;
 
 // The cases: every row (or, for "mix", every even row; odd rows greedy) at temperature t, top-k k
-// (0: off), top-p p (1: off). The last three take the paths a sweep of the step found over 3% of
-// greedy (bench/NOTES 137): the histogram (k1000), the histogram with approximate masses (p0.7),
-// and draw rows at a high temperature, whose lists near-flat rows can overflow (T1.2p0.95).
+// (0: off), top-p p (1: off). The last four take the paths a sweep of the step found over 3% of
+// greedy (bench/NOTES 137): the histogram (k1000), the histogram with approximate masses (p0.5;
+// p0.7 too until draw rows began at 0.7, bench/NOTES 138), and draw rows at a high temperature,
+// whose lists near-flat rows overflowed before the draw floor (T1.2p0.95).
 struct Case {
   const char* name;
   float t;
@@ -58,11 +59,12 @@ struct Case {
   float p;
   bool mix;
 };
-constexpr Case kCases[] = {{"greedy", 0.f, 0, 1.f, false},        {"T0.8", 0.8f, 0, 1.f, false},
-                           {"k50", 0.8f, 50, 1.f, false},         {"p0.95", 0.8f, 0, 0.95f, false},
-                           {"k50+p0.95", 0.8f, 50, 0.95f, false}, {"mix", 0.8f, 50, 0.95f, true},
-                           {"k1000", 0.8f, 1000, 1.f, false},     {"p0.7", 0.8f, 0, 0.7f, false},
-                           {"T1.2p0.95", 1.2f, 0, 0.95f, false}};
+constexpr Case kCases[] = {
+    {"greedy", 0.f, 0, 1.f, false},        {"T0.8", 0.8f, 0, 1.f, false},
+    {"k50", 0.8f, 50, 1.f, false},         {"p0.95", 0.8f, 0, 0.95f, false},
+    {"k50+p0.95", 0.8f, 50, 0.95f, false}, {"mix", 0.8f, 50, 0.95f, true},
+    {"k1000", 0.8f, 1000, 1.f, false},     {"p0.7", 0.8f, 0, 0.7f, false},
+    {"p0.5", 0.8f, 0, 0.5f, false},        {"T1.2p0.95", 1.2f, 0, 0.95f, false}};
 constexpr int kConfigs = static_cast<int>(std::size(kCases));
 constexpr int kGreedy = 0;  // kCases[0]: every other case's "extra" is over it
 
