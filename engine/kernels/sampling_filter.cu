@@ -177,12 +177,13 @@ __device__ __forceinline__ u32 draw_floor_key(u32 lse, float top, float inv_t) {
 }
 
 // A draw row's (row, chunk) item (sampling_kernels.cuh, kDrawMinTopP): every token whose score
-// reaches the floor (the larger of the top token's score and L - kDrawFloorMargin: a fixed floor,
-// since other scores may belong to tokens top-p drops) listed as a candidate, pack_max(score key,
-// index). The streaming loop applies the cheap bounds only (the
-// word's top byte, then its top nibble: noise <= table[16], ~2.7 against table[1]'s ~5.5, which
-// alone lets a third of a near-flat row through at this floor); the rest wait in the warp's list
-// (drain_draw). Not inlined: apart, the other items keep their registers.
+// reaches the draw floor (the larger of the top token's score and the chunks' largest log-sum-exp
+// less kDrawFloorMargin: a fixed floor, since other scores may belong to tokens top-p drops) listed
+// as a candidate, pack_max(score key, index). The streaming loop applies the cheap bounds only
+// (the word's top byte, then its top nibble: noise <= table[16], ~2.7 against table[1]'s ~5.5,
+// which alone let a third of a near-flat row through at the top token's score, the floor before
+// the draw floor); the rest wait in the warp's list (drain_draw). Not inlined: apart, the other
+// items keep their registers.
 template <typename T, int kU>
 __device__ __noinline__ void draw_item(const Launch& L, int r, int c, const RowParams& rp,
                                        const RowPlan& plan, FilterShared& sh) {

@@ -26,10 +26,13 @@
 //   check   (sampling_check.cu)   draw rows only (kDrawMinTopP): a persistent grid over their
 //           (row, chunk) items sums the row's exact mass Z and, for each of the row's picks, the
 //           exact mass of strictly larger logits.
-//   Draw rows: the filter lists the tokens whose score reaches the top token's, and the row's last
-//           filter CTA (arrival ticket) keeps the kDrawPicks best as the row's picks; the check
-//           pass sums their masses; resolve draws the first pick top-p keeps.
-// Every counter a call relies on being zero is reset by the pass that consumes it. Filter,
+//   Draw rows: the scan merges each chunk's log-sum-exp into the row (RowState::draw_lse), the
+//           filter lists the tokens whose score reaches the draw floor (kDrawFloorMargin), and
+//           the row's last filter CTA (arrival ticket) keeps the kDrawPicks best as the row's
+//           picks; the check pass sums their masses; resolve draws the first pick top-p keeps.
+// Every counter a call relies on being zero is reset by the pass that consumes it (draw_lse,
+// which the filter reads, by resolve: the filter's CTAs cannot tell when the row's last read is
+// done). Filter,
 // check and resolve are programmatic dependent launches (PDL) of the pass before them: their CTAs
 // become resident while it drains, build their Gumbel bound table (filter, resolve), then wait
 // (griddepcontrol.wait) before their first read of the workspace; the scan, launched plainly, lets

@@ -260,16 +260,20 @@ TEST_F(SamplingExact, FastPathEqualsExactPath) {
 // fast path, and the reference's; p from 0.7 (picks rejected often) to 0.99, T from 0.5 to 2,
 // near-flat rows and peaked ones, some with masked (-inf) tokens, fp32 and bf16, at the small
 // chunk (1 and 5 rows) and the large one; a second call of the same rows draws the same tokens
-// (the sums of the picks' masses are reset between calls).
+// (the sums of the picks' masses are reset between calls), and a call on the rows shifted by +20
+// before them leaves nothing behind (the chunks' log-sum-exp, RowState::draw_lse, is absolute:
+// left set, it would lift the floor above every score and send the rows to the exact path).
 TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
   SCOPED_TRACE(seed_note());
   Rng rng = test_rng();
   Stream s;
   const int vocab = sanitize_mode() ? 20000 : 128256;
-  // The fast path on every row needs the draw floor (kDrawFloorMargin): without it a near-flat
-  // 128k row lists ~Z e^-G candidates (Z = sum exp((l - max) / T), G the top token's noise), and
-  // at T 2 (Z ~ 1.6e4) the list overflows in about a third of the rows
-  // (GRAPHDECODE_SAMPLING_DRAW_FLOOR=0 fails this test); with it, ~55 whatever T.
+  // No row may overflow its list: that needs the draw floor (kDrawFloorMargin). Without it a
+  // near-flat 128k row lists ~Z e^-G candidates (Z = sum exp((l - max) / T), G the top token's
+  // noise), and at T 2 (Z ~ 1.6e4) the list overflows in about a third of the rows
+  // (GRAPHDECODE_SAMPLING_DRAW_FLOOR=0 fails this test at full size; the sanitize mode's 20,000
+  // logits are too few); with it, ~55 a chunk whatever T. A row whose 8 picks top-p all rejects
+  // takes the exact path (kExactCheck, ~(1 - p)^8: 6.6e-5 a row at p 0.7): at most one a call.
   const float ps[] = {0.7f, 0.8f, 0.95f, 0.99f}, ts[] = {0.5f, 2.f, 0.8f, 1.2f};
   for (LogitsType type : {LogitsType::kFloat32, LogitsType::kBF16})
     for (int rows : {1, 5, 9, 40}) {
@@ -282,6 +286,12 @@ TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
           for (int i = r % 7; i < vocab; i += 7) b.row(r)[i] = -INFINITY;
         b.params[r] = {ts[r % 4], 0, ps[(r / 3) % 4], u64(rng), u64(rng) % 100000};
       }
+      b.upload(rows, s);  // rounds bf16 rows in place: the copy below is what the kernel sees
+      const std::vector<float> kept = b.logits;
+      for (float& x : b.logits) x += 20.f;
+      b.upload(rows, s);
+      sample(b.args(), s);  // the shifted rows: their draw_lse must not outlive the call
+      b.logits = kept;
       b.upload(rows, s);
       sample(b.args(), s);
       const auto drawn = b.tokens(s);
@@ -294,15 +304,20 @@ TEST_F(SamplingExact, DrawRowsEqualThePlannedPath) {
       a.row_stats = stats.data();
       sample(a, s);
       const auto planned = b.tokens(s);
+      int exact = 0;
       for (int r = 0; r < rows; ++r) {
         const Params& p = b.params[r];
         EXPECT_EQ(drawn[r], planned[r])
             << "row " << r << " T " << p.temperature << " p " << p.top_p;
-        EXPECT_EQ(drawn_path[r], static_cast<int>(SamplingPath::kFast)) << "row " << r;
+        EXPECT_TRUE(drawn_path[r] == static_cast<int>(SamplingPath::kFast) ||
+                    drawn_path[r] == static_cast<int>(SamplingPath::kExactCheck))
+            << "row " << r << " path " << drawn_path[r] << " T " << p.temperature;
+        exact += drawn_path[r] != static_cast<int>(SamplingPath::kFast);
         const Expected e = reference_sample(b.row(r), vocab, p);
         EXPECT_TRUE(e.accepts(drawn[r])) << "row " << r << " device " << drawn[r] << " reference "
                                          << e.token << " T " << p.temperature << " p " << p.top_p;
       }
+      EXPECT_LE(exact, 1) << "rows on the exact path: a floor too high, or one left from a call";
     }
 }
 
