@@ -4,7 +4,6 @@
 
 #include <cfloat>
 
-#include "common/atomics.cuh"
 #include "common/cuda_check.h"
 #include "engine/kernels/sampling_kernels.cuh"
 
