@@ -109,9 +109,10 @@ constexpr int kDrawPicks = 8;
 // slots and took the exact path (~1.4 ms in one CTA; bench/NOTES 137). max_c L_c <= log Z, so the
 // kept set's best score (Gumbel with location >= log(p Z)) falls below F with probability at most
 // exp(-p e^4) (~3e-17 at p = 0.7). Each scan CTA of a draw row takes its chunk's log-sum-exp and
-// merges it with one atomicMax (RowState::draw_lse): a row-wide log Z needed a last-CTA merge, an
-// acq_rel ticket per CTA, which cost the scan of top-p rows 17 us at B = 128 and 32 at 256
-// (bench_sampling, call t210).
+// merges it with one atomicMax (RowState::draw_lse), no arrival ticket: the row's log Z itself
+// (per-chunk parts merged by the row's last CTA, call t210) was more code for no less time. The
+// price is the scan's exponentials: bench_sampling top-p 0.95 B = 128 peaked 128 -> 145 us, in
+// the step within noise (bench/NOTES 138).
 constexpr float kDrawFloorMargin = 4.f;
 // Gumbel bound table: gumbel_of is non-increasing in the random word, so gumbel_of(t << 24) +
 // slack bounds every word whose top byte is t. A token whose (l - max) / T plus that bound is below
