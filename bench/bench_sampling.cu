@@ -68,13 +68,19 @@ constexpr Case kCases[] = {
 constexpr int kConfigs = static_cast<int>(std::size(kCases));
 constexpr int kGreedy = 0;  // kCases[0]: every other case's "extra" is over it
 
-// --cases: names from kCases (refused by name otherwise); greedy always runs first.
+// The kCases index of `name` (refused by name, as the value of `flag`, when there is none).
+int case_index(const char* flag, const std::string& name) {
+  int c = 0;
+  while (c < kConfigs && name != kCases[c].name) ++c;
+  GD_REQUIRE(c < kConfigs, flag, name, "unknown case");
+  return c;
+}
+
+// --cases: names from kCases; greedy always runs first.
 std::vector<int> parse_cases(const std::string& list) {
   std::vector<int> out{kGreedy};
   for (const std::string& name : split_list("--cases", list)) {
-    int c = 0;
-    while (c < kConfigs && name != kCases[c].name) ++c;
-    GD_REQUIRE(c < kConfigs, "--cases", name, "unknown case");
+    const int c = case_index("--cases", name);
     if (c != kGreedy) out.push_back(c);
   }
   return out;
@@ -325,9 +331,7 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, int reps, i
 
 // Three eager calls of one case (for a profiler to pick up).
 int profile(int batch, const std::string& dist, const std::string& config, cudaStream_t s) {
-  int c = 0;
-  while (c < kConfigs && config != kCases[c].name) ++c;
-  GD_REQUIRE(c < kConfigs, "CASE", config, "unknown case");
+  const int c = case_index("CASE", config);
   Rig rig(batch);
   fill_normal<<<1024, 256, 0, s>>>(rig.logits.data(), static_cast<std::size_t>(batch) * kVocab,
                                    0x5eedull);
