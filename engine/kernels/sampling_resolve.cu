@@ -12,6 +12,10 @@ namespace graphdecode::sampling {
 namespace {
 
 constexpr int kWarps = kResolveThreads / 32;
+// Keys a lane loads before counting any in exact_row's block_select, and Philox groups a thread
+// loads before scoring any in its scoring pass (loads in flight over the row in global memory).
+constexpr int kSelectIlp = 8;
+constexpr int kScoreGroups = 2;
 
 struct ResolveShared {
   float table[kGumbelTableSize];
@@ -29,7 +33,9 @@ struct ResolveShared {
 // counted): returns the key K with weight(key > K) < rem <= weight(key >= K), where rem =
 // rem_of(total weight), clamped to [1, total]. Every thread gets K. When every weighted key has
 // the top byte `top_byte` (>= 0), the walk starts one level lower: 3 levels instead of 4.
-template <typename W, typename KeyAt, typename WeightOf, typename RemOf>
+// kIlp: keys a lane loads before counting any (kSelectIlp over a row in global memory; 1 over
+// candidates in shared memory, where 8 bought little and grew the kernel's code ~40%).
+template <int kIlp, typename W, typename KeyAt, typename WeightOf, typename RemOf>
 __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_of, W* hist,
                             ResolveShared& sh, int top_byte = -1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -41,15 +47,24 @@ __device__ u32 block_select(int n, KeyAt key_at, WeightOf weight_of, RemOf rem_o
     __syncthreads();  // the previous level's readers of sh are done
     for (int b = threadIdx.x; b < 256; b += kResolveThreads) hist[b] = 0;
     __syncthreads();
-    for (int i0 = warp * 32; i0 < n; i0 += kResolveThreads) {  // warp-uniform trip count
-      const int i = i0 + lane;
-      u32 key = 0;
-      W w = 0;
-      if (i < n) {
-        key = key_at(i);
-        if ((key & mask) == prefix) w = weight_of(i, key);
+    // kIlp keys a lane loaded before any is counted (warp-uniform trip counts): one load at a
+    // time, the exact path waited on ~250 dependent loads a lane a level over a 128k row. Each
+    // warp still counts its indices in the same order; the counts are integers either way.
+    for (int i0 = warp * 32; i0 < n; i0 += kResolveThreads * kIlp) {
+      u32 key[kIlp];
+#pragma unroll
+      for (int q = 0; q < kIlp; ++q) {
+        const int i = i0 + q * kResolveThreads + lane;
+        key[q] = i < n ? key_at(i) : 0u;
       }
-      warp_add<W>(hist, (key >> shift) & 0xffu, w);
+#pragma unroll
+      for (int q = 0; q < kIlp; ++q) {
+        if (i0 + q * kResolveThreads >= n) break;  // the warp's indices are all past n
+        const int i = i0 + q * kResolveThreads + lane;
+        W w = 0;
+        if (i < n && (key[q] & mask) == prefix) w = weight_of(i, key[q]);
+        warp_add<W>(hist, (key[q] >> shift) & 0xffu, w);
+      }
     }
     __syncthreads();
     if (warp == 0) {
@@ -97,12 +112,12 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
   u32 thr_k = 0;
   if (rp.k_on) {
     const u64 k = static_cast<u64>(rp.top_k);
-    thr_k = block_select<u32>(
+    thr_k = block_select<kSelectIlp, u32>(
         vocab, key_at, [](int, u32) { return 1u; }, [&](u64) { return k; }, sh.hist32, sh);
   }
   u32 thr = thr_k;
   if (rp.p_on) {
-    thr = block_select<u64>(
+    thr = block_select<kSelectIlp, u64>(
         vocab, key_at,
         [&](int, u32 key) -> u64 {
           return key >= thr_k ? mass_of(key_to_float(key), top, rp.inv_t) : 0ull;
@@ -111,21 +126,34 @@ __device__ int exact_row(const Launch& L, int r, const RowParams& rp, float top,
   }
   const std::uint64_t seed = a.seed[r], step = a.step[r];
   ScoreMax m = score_max(sh.table, 0);
-  for (int g = threadIdx.x; 4 * g < vocab; g += kResolveThreads) {
-    float v[4];
-    bool any = false;
+  // kScoreGroups groups of 4 loaded before any is scored; each thread offers its tokens in the
+  // same order as one group at a time would.
+  for (int g0 = threadIdx.x; 4 * g0 < vocab; g0 += kResolveThreads * kScoreGroups) {
+    float v[kScoreGroups][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = 4 * g + j;
-      v[j] = i < vocab ? to_float(row[i]) : -INFINITY;
-      any |= i < vocab && key_of(v[j]) >= thr && scaled_logit(v[j], top, rp.inv_t) >= -kGumbelSpan;
+    for (int q = 0; q < kScoreGroups; ++q)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * (g0 + q * kResolveThreads) + j;
+        v[q][j] = i < vocab ? to_float(row[i]) : -INFINITY;
+      }
+#pragma unroll
+    for (int q = 0; q < kScoreGroups; ++q) {
+      const int g = g0 + q * kResolveThreads;
+      bool any = false;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * g + j;
+        any |= i < vocab && key_of(v[q][j]) >= thr &&
+               scaled_logit(v[q][j], top, rp.inv_t) >= -kGumbelSpan;
+      }
+      if (!any) continue;
+      const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(g));
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (4 * g + j < vocab && key_of(v[q][j]) >= thr)
+          offer(m, sh.table, v[q][j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
     }
-    if (!any) continue;
-    const Philox4 rnd = sampling_random(seed, step, static_cast<u32>(g));
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (4 * g + j < vocab && key_of(v[j]) >= thr)
-        offer(m, sh.table, v[j], top, rp.inv_t, rnd.v[j], static_cast<u32>(4 * g + j));
   }
   if (threadIdx.x == 0) sh.keep = thr;  // read after block_max's barriers
   const u64 best = block_max<kResolveThreads>(m.best, sh.red);
@@ -213,7 +241,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     __syncthreads();
     auto key_at = [&](int i) { return static_cast<u32>(cs[i] >> 32); };
     const u64 k = static_cast<u64>(rp.top_k);
-    const u32 thr_k = block_select<u32>(
+    const u32 thr_k = block_select<1, u32>(
         n, key_at, [](int, u32) { return 1u; }, [&](u64) { return k; }, sh.hist32, sh);
     u32 thr = thr_k;
     if (rp.p_on) {
@@ -224,7 +252,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       }
       z = block_sum<kResolveThreads>(z, sh.red);
       const u64 rem = top_p_target(rp.top_p, z);
-      thr = block_select<u64>(
+      thr = block_select<1, u64>(
           n, key_at,
           [&](int, u32 key) -> u64 {
             return key >= thr_k ? mass_of(key_to_float(key), top, rp.inv_t) : 0ull;
@@ -258,7 +286,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
     u32 thr_k = 0;
     if (rp.k_on) {  // the (k - above_k)-th largest key of bucket bk
       const u64 want = static_cast<u64>(rp.top_k) - plan.above_k;
-      thr_k = block_select<u32>(
+      thr_k = block_select<1, u32>(
           n, key_at, [&](int, u32 key) { return static_cast<int>(bucket_of(key)) == bk ? 1u : 0u; },
           [&](u64) { return want; }, sh.hist32, sh, bk >> 4);
     }
@@ -281,7 +309,7 @@ __device__ void resolve_row(const Launch& L, int r, const RowParams& rp, const R
       ok = sh.s_hi < rem && (plan.below == 0 || sh.s_hi + w >= rem);
       if (ok) {
         const u64 rem_in = rem - sh.s_hi;
-        thr = block_select<u64>(
+        thr = block_select<1, u64>(
             n, key_at,
             [&](int, u32 key) -> u64 {
               return key >= thr_k && in_range(key) ? mass_of(key_to_float(key), top, rp.inv_t)
