@@ -172,6 +172,20 @@ void Gemm::run_fused(const GemmArgs& a, const StreamGemvFusion& fusion, cudaStre
   stream_gemv(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream, fusion);
 }
 
+bool Gemm::fuses_wgmma_norm(const GemmArgs& a) const noexcept {
+  return a.out_type == GemmOut::kBF16 && a.rows <= 64 && a.in % 128 == 0 && a.out % 128 == 0 &&
+         uses_wgmma(a);
+}
+
+void Gemm::run_wgmma_fused(const GemmArgs& a, const WgmmaNormFusion& fusion, bool swiglu,
+                           cudaStream_t stream) const {
+  GD_REQUIRE(a.rows > 0 && fuses_wgmma_norm(a) && (!swiglu || fuses_swiglu(a)), "rows", a.rows,
+             "the warpgroup GEMM's norm fusions take bf16 outputs, rows 9-64 where it runs, in "
+             "and out multiples of 128 (Gemm::fuses_wgmma_norm)");
+  wgmma_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream,
+             swiglu ? WgmmaEpilogue::kSwiGlu : WgmmaEpilogue::kStore, fusion);
+}
+
 bool Gemm::fuses_mlp(std::int32_t rows, std::int32_t hidden, std::int32_t inter) const noexcept {
   return !plain_ && gemv_mode_ != GemvMode::kOff &&
          stream_mlp_supported(skinny_dev_, rows, hidden, inter);

@@ -148,6 +148,14 @@ class Gemm {
   // with a bf16 output, so run_fused may be used; run_fused throws otherwise.
   bool fuses_norm(const GemmArgs& args) const noexcept;
   void run_fused(const GemmArgs& args, const StreamGemvFusion& fusion, cudaStream_t stream) const;
+  // The warpgroup GEMM's norm fusions (WgmmaNormFusion, engine/kernels/wgmma_gemm.h): a decode
+  // layer's two RMSNorms folded into the GEMMs around them at 9-64 rows. fuses_wgmma_norm(args):
+  // run(args) takes the warpgroup GEMM with a bf16 output, rows <= 64, in and out multiples of
+  // 128. run_wgmma_fused throws otherwise; with `swiglu` (the row scale on gate_up) it also needs
+  // fuses_swiglu(args).
+  bool fuses_wgmma_norm(const GemmArgs& args) const noexcept;
+  void run_wgmma_fused(const GemmArgs& args, const WgmmaNormFusion& fusion, bool swiglu,
+                       cudaStream_t stream) const;
   // A decode layer's MLP block in one grid (engine/kernels/stream_mlp.h): the post-attention norm,
   // gate_up, SwiGLU and down with its residual epilogue. fuses_mlp: the stream GEMV is on (not
   // the plain GEMM of racecheck runs, not GRAPHDECODE_GEMV=off) and the kernel takes the shape;

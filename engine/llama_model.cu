@@ -27,6 +27,9 @@ constexpr std::int32_t kWgmmaNarrowHidden = 2048;
 constexpr std::int32_t kWgmmaWideMinRows = 33;
 constexpr std::int32_t kWgmmaWideOutMinRows = 32;
 constexpr std::int32_t kFuseSwigluMinRows = 17;
+// WgmmaNormFusion's bounds (engine/kernels/wgmma_gemm.h): one row block, 128-column tiles.
+constexpr std::size_t kWgmmaNormMaxRows = 64;
+constexpr std::size_t kWgmmaNormTile = 128;
 
 unsigned blocks_for(std::int64_t items) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
@@ -104,10 +107,13 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   proj_ = DeviceBuffer<std::uint16_t>(t * h);
   gate_up_ = DeviceBuffer<std::uint16_t>(t * 2 * inter);
   act_ = DeviceBuffer<std::uint16_t>(t * inter);
-  sum_sq_ = DeviceBuffer<float>(
-      static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows);
+  sum_sq_ = DeviceBuffer<float>(std::max(
+      static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows,
+      h / kWgmmaNormTile * std::min<std::size_t>(t, kWgmmaNormMaxRows)));
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_NORM"))
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
+  if (const char* fold = std::getenv("GRAPHDECODE_WGMMA_NORM"))
+    wgmma_norm_ = std::strcmp(fold, "0") != 0;
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_SWIGLU"))
     fuse_swiglu_ = std::strcmp(fuse, "0") != 0;
   if (const char* mlp = std::getenv("GRAPHDECODE_STREAM_MLP")) {
@@ -222,6 +228,44 @@ bool LlamaModel::fuses_input_norm(std::int32_t rows) const {
   return true;
 }
 
+WgmmaNormFusion LlamaModel::residual_epilogue(const std::uint16_t* next_norm_weight) {
+  WgmmaNormFusion f;
+  f.residual = residual_.data();
+  f.norm_weight = next_norm_weight;
+  f.weighted = normed_.data();
+  f.sum_sq_out = sum_sq_.data();
+  return f;
+}
+
+WgmmaNormFusion LlamaModel::row_scale(std::int32_t k) const {
+  WgmmaNormFusion f;
+  f.sum_sq_in = sum_sq_.data();
+  f.parts = k / static_cast<std::int32_t>(kWgmmaNormTile);
+  f.eps = static_cast<float>(config_.rms_norm_eps);
+  return f;
+}
+
+bool LlamaModel::fuses_wgmma_norm(std::int32_t rows) const {
+  if (!wgmma_norm_ || !fuse_norm_ || config_.any_cross() || fuses_input_norm(rows)) return false;
+  const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
+  if (h > kWgmmaRowScaleMaxK) return false;  // qkv and gate_up scale rows over k = hidden
+  const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
+  for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const DeviceLayerWeights& w = weights_.layer(l);
+    if (w.o_bias != nullptr ||
+        !gemm_.fuses_wgmma_norm(
+            {normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16}))
+      return false;
+  }
+  return true;
+}
+
 bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
   return fuses_input_norm(rows) && mlp_block_fits(rows);
 }
@@ -240,7 +284,7 @@ bool LlamaModel::mlp_block_fits(std::int32_t rows) const {
 }
 
 void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
-                                 std::int32_t rows, bool norm_in, bool o_adds,
+                                 std::int32_t rows, bool norm_in, bool o_adds, bool wgmma_fold,
                                  cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
@@ -256,6 +300,9 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
     f.eps = static_cast<float>(config_.rms_norm_eps);
     gemm_.run_fused({residual_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, f,
                     stream);
+  } else if (wgmma_fold && l > 0) {  // normed_ = residual * input norm weight; rows scaled
+    gemm_.run_wgmma_fused({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16},
+                          row_scale(h), /*swiglu=*/false, stream);
   } else {
     gemm_.run({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, stream);
   }
@@ -284,6 +331,10 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
   a.attention->run_planned(a.batch, a.kv, q_.data(), attn_.data(), nullptr, stream,
                            PriorWrites::kQueryAndNewKv);
   const GemmArgs o{attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16};
+  if (wgmma_fold) {  // residual_ += o; normed_ = residual * post norm weight; sum_sq_
+    gemm_.run_wgmma_fused(o, residual_epilogue(w.post_norm), /*swiglu=*/false, stream);
+    return;
+  }
   if (o_adds) {  // residual_ += o, and its squares for the MLP block's norm
     StreamGemvFusion f;
     f.residual = residual_.data();
@@ -304,7 +355,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
 }
 
 void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
-                           bool add_residual, bool one_grid, cudaStream_t stream) {
+                           bool add_residual, bool one_grid, bool wgmma_fold, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
@@ -334,14 +385,21 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     return;
   }
   // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
-  // normed = norm(residual)
-  add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
+  // normed = norm(residual). Folded: the o projection added it, normed_ is weighted, not scaled.
+  if (!wgmma_fold) add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
   const GemmArgs to_act{normed_.data(), w.gate_up, act_.data(), rows, h, 2 * inter, GemmOut::kBF16};
+  const GemmArgs to_gate_up{normed_.data(), w.gate_up,     gate_up_.data(), rows, h,
+                            2 * inter,      GemmOut::kBF16};
   if (fuse_swiglu_ && rows >= kFuseSwigluMinRows && gemm_.fuses_swiglu(to_act)) {
-    gemm_.run_swiglu(to_act, stream);  // act = swiglu(gate_up) in the GEMM's epilogue
+    if (wgmma_fold)
+      gemm_.run_wgmma_fused(to_act, row_scale(h), /*swiglu=*/true, stream);
+    else
+      gemm_.run_swiglu(to_act, stream);  // act = swiglu(gate_up) in the GEMM's epilogue
   } else {
-    gemm_.run({normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16},
-              stream);
+    if (wgmma_fold)
+      gemm_.run_wgmma_fused(to_gate_up, row_scale(h), /*swiglu=*/false, stream);
+    else
+      gemm_.run(to_gate_up, stream);
     SwiGluArgs s;
     s.gate_up = gate_up_.data();
     s.out = act_.data();
@@ -351,6 +409,11 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     swiglu(s, stream);
   }
   const GemmArgs down{act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16};
+  if (add_residual && wgmma_fold) {  // residual_ += down; normed_ for the next layer's qkv
+    gemm_.run_wgmma_fused(down, residual_epilogue(weights_.layer(l + 1).input_norm),
+                          /*swiglu=*/false, stream);
+    return;
+  }
   if (add_residual) {  // residual_ += down, and its squares for the next layer's qkv GEMV
     StreamGemvFusion f;
     f.residual = residual_.data();
@@ -384,21 +447,25 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
   const bool one_grid_mlp = fuse && mlp_block_fits(rows);
+  const bool wgmma_fold = !fuse && fuses_wgmma_norm(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
       norm(residual_.data(), nullptr, w.input_norm, normed_.data(), num_tokens, rows, h, stream);
-    } else if (!fuse) {  // residual += previous MLP output (gated if that layer was a cross layer)
+    } else if (!fuse && !wgmma_fold) {  // residual += previous MLP output (gated if that layer
+                                        // was a cross layer)
       add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, /*mlp=*/true, stream);
-    }  // fused: layer l - 1's down projection added it; the qkv GEMV norms
+    }  // fused or folded: layer l - 1's down projection added it; the qkv GEMM norms
     // residual_ now holds the stream entering layer l (layer 0: the embedding).
     if (aux_.size() > 0) capture_aux(m, l, rows, stream);
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {
-      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp, stream);
+      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp,
+                      wgmma_fold, stream);
     }
-    mlp_block(m, l, rows, /*add_residual=*/fuse && l + 1 < layers, one_grid_mlp, stream);
+    mlp_block(m, l, rows, /*add_residual=*/(fuse || wgmma_fold) && l + 1 < layers, one_grid_mlp,
+              wgmma_fold, stream);
   }
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.

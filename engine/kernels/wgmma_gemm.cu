@@ -76,11 +76,35 @@ struct Params {
   std::int32_t inter;    // > 0: the SwiGLU epilogue (W = [gate; up], inter rows each, inter % 64
                          // == 0): tile t takes gate rows 64t.. and up rows inter + 64t..
   bool out_f32;
+  // WgmmaNormFusion (wgmma_gemm.h): the residual epilogue when `residual` is set, the row scale
+  // when `sum_sq_in` is.
+  std::uint16_t* residual;           // [rows][n]
+  const std::uint16_t* norm_weight;  // [n]
+  std::uint16_t* weighted;           // [rows][n]
+  float* sum_sq_out;                 // [n / 128][rows]
+  const float* sum_sq_in;            // [parts][rows]
+  std::int32_t parts;
+  float k_f, eps;  // k as a float (the row scale divides by it, as rmsnorm does)
 };
+
+// The residual epilogue's rows a thread visits: warp w takes rows r0 + w, r0 + w + 5, .. of at
+// most 64 (one row block, splits 1), so 13 a thread at most; each thread keeps its 4 columns.
+constexpr int kRowScaleMaxParts = kWgmmaRowScaleMaxK / kBN;  // registers of one row's parts
+constexpr int kResidualVisits = (64 + kThreads / 32 - 1) / (kThreads / 32);
 
 __device__ int g_wgmma_probe;
 __global__ void wgmma_probe_kernel() {
   g_wgmma_probe = GD_ATTN_HAS_WGMMA;
+}
+
+// Four floats as four bf16 (round to nearest even), in order.
+__device__ __forceinline__ uint2 pack_bf16x4(const float (&v)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+  return packed;
 }
 
 // The box of `map` at (c0 innermost, c1) into shared dst (1024-byte aligned), counted on bar.
@@ -99,9 +123,15 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map
 // lane issues each stage's two tensor copies (W, then x) on the stage's full barrier; the consumer
 // warpgroup waits on it, runs the stage's products and releases the stage (one arrival per warp on
 // its empty barrier).
-template <int kMBlocks>
+// Which WgmmaNormFusion form an instance compiles (a template parameter, so the plain instances
+// keep their registers: the residual epilogue's read-ahead took the one-block kernel from 90 to
+// 124 registers as a runtime branch).
+enum class Fusion : std::uint8_t { kNone, kResidual, kRowScale };
+
+template <int kMBlocks, Fusion kFusion = Fusion::kNone>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     wgmma_gemm_kernel(const __grid_constant__ Params p) {
+  static_assert(kFusion == Fusion::kNone || kMBlocks == 1, "the fusions take one row block");
 #if GD_ATTN_HAS_WGMMA
   constexpr int kStages = stages<kMBlocks>();
   constexpr int kStageBytes = (kMBlocks + kNBlocks) * kBlockBytes;
@@ -167,6 +197,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     pdl_wait_for_prior_grid();  // y may still be read by the kernel before
   }
 
+  // Row scale: each of this CTA's rows' inverse RMS from the squares the GEMM before left (after
+  // the wait; the loads overlap the first stage's x copy, and all of a row's parts are loaded
+  // before any is added: one round trip, where a loop of dependent adds took one per part, ~10
+  // us at 16 parts, t216). Thread i sums row r0 + i's parts in p order: the same value in every
+  // CTA that reads the row.
+  const int live = min(p.rows, kRows);
+  const int r0 = split * live / splits, r1 = (split + 1) * live / splits;
+  __shared__ float inv_rms[kRows];
+  if constexpr (kFusion == Fusion::kRowScale) {
+    if (static_cast<int>(threadIdx.x) < r1 - r0) {
+      const int row = r0 + static_cast<int>(threadIdx.x);
+      float part[kRowScaleMaxParts];
+#pragma unroll
+      for (int q = 0; q < kRowScaleMaxParts; ++q)
+        part[q] = q < p.parts ? p.sum_sq_in[q * p.rows + row] : 0.f;
+      float ss = 0.f;
+#pragma unroll
+      for (int q = 0; q < kRowScaleMaxParts; ++q)
+        if (q < p.parts) ss += part[q];
+      inv_rms[row] = rsqrtf(ss / p.k_f + p.eps);
+    }
+  }
+
   float acc[kMBlocks][kNBlocks][8][4] = {};
 
   if (warp < kConsumerThreads / 32) {
@@ -215,11 +268,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                 make_float2(acc[mb][nb][j][2 * h], acc[mb][nb][j][2 * h + 1]);
           }
   }
+  // Residual epilogue: this thread's residual entries and norm weights, read before the barrier
+  // (the weights depend on no kernel; the residual was last written before this kernel's wait).
+  constexpr bool add_residual = kFusion == Fusion::kResidual;
+  uint2 res_in[kResidualVisits];
+  uint2 weight4 = make_uint2(0u, 0u);
+  if constexpr (add_residual) {
+    weight4 = *reinterpret_cast<const uint2*>(p.norm_weight + n0 + lane * 4);
+#pragma unroll
+    for (int i = 0; i < kResidualVisits; ++i) {
+      const int row = r0 + warp + i * (kThreads / 32);
+      if (row < r1)
+        res_in[i] = *reinterpret_cast<const uint2*>(
+            p.residual + static_cast<std::size_t>(row) * p.n + n0 + lane * 4);
+    }
+  }
   cluster.sync();  // every partial of the cluster written
 
   // CTA `split` sums its share of the rows over the cluster's partials in rank order.
-  const int live = min(p.rows, kRows);
-  const int r0 = split * live / splits, r1 = (split + 1) * live / splits;
   if (p.inter > 0) {  // act[row][a0 + c] = swiglu(bf16(gate sum), bf16(up sum)), 4 columns a thread
     for (int e = threadIdx.x; e < (r1 - r0) * 16; e += kThreads) {
       const int row = r0 + e / 16, c = (e % 16) * 4;
@@ -238,6 +304,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         up.z += u4.z;
         up.w += u4.w;
       }
+      if (kFusion == Fusion::kRowScale) {
+        const float s = inv_rms[row];
+        gate = make_float4(gate.x * s, gate.y * s, gate.z * s, gate.w * s);
+        up = make_float4(up.x * s, up.y * s, up.z * s, up.w * s);
+      }
       const __nv_bfloat162 lo =
           __floats2bfloat162_rn(swiglu_value(round_bf16(gate.x), round_bf16(up.x)),
                                 swiglu_value(round_bf16(gate.y), round_bf16(up.y)));
@@ -253,28 +324,64 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     cluster.sync();  // no CTA leaves while another still reads its partial
     return;
   }
-  for (int e = threadIdx.x; e < (r1 - r0) * (kBN / 4); e += kThreads) {
-    const int row = r0 + e / (kBN / 4), c = (e % (kBN / 4)) * 4, col = n0 + c;
-    if (col >= p.n) continue;
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int r = 0; r < splits; ++r) {
-      const float4 v = *reinterpret_cast<const float4*>(
-          cluster.map_shared_rank(red, static_cast<unsigned>(r)) + row * kRedStride + c);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+  if constexpr (add_residual) {  // warp w: rows r0 + w + 5i, lane l: columns 4l.. of the tile
+#pragma unroll
+    for (int i = 0; i < kResidualVisits; ++i) {
+      const int row = r0 + warp + i * (kThreads / 32);
+      if (row >= r1) break;  // warp-uniform
+      float sum[4] = {};
+      for (int r = 0; r < splits; ++r) {
+        const float4 v = *reinterpret_cast<const float4*>(
+            cluster.map_shared_rank(red, static_cast<unsigned>(r)) + row * kRedStride + lane * 4);
+        sum[0] += v.x;
+        sum[1] += v.y;
+        sum[2] += v.z;
+        sum[3] += v.w;
+      }
+      const auto* res_h = reinterpret_cast<const __nv_bfloat16*>(&res_in[i]);
+      const auto* w_h = reinterpret_cast<const __nv_bfloat16*>(&weight4);
+      float res[4], weighted[4], ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        res[j] = round_bf16(__bfloat162float(res_h[j]) + round_bf16(sum[j]));
+        weighted[j] = res[j] * __bfloat162float(w_h[j]);
+        ss += res[j] * res[j];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const std::size_t at = static_cast<std::size_t>(row) * p.n + n0 + lane * 4;
+      *reinterpret_cast<uint2*>(p.residual + at) = pack_bf16x4(res);
+      *reinterpret_cast<uint2*>(p.weighted + at) = pack_bf16x4(weighted);
+      if (lane == 0) p.sum_sq_out[static_cast<std::size_t>(blockIdx.x) * p.rows + row] = ss;
     }
-    const std::size_t at = static_cast<std::size_t>(row) * p.n + col;
-    if (p.out_f32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(p.y) + at) = sum;
-    } else {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z, sum.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(p.y) + at) = packed;
+  } else {
+    for (int e = threadIdx.x; e < (r1 - r0) * (kBN / 4); e += kThreads) {
+      const int row = r0 + e / (kBN / 4), c = (e % (kBN / 4)) * 4, col = n0 + c;
+      if (col >= p.n) continue;
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int r = 0; r < splits; ++r) {
+        const float4 v = *reinterpret_cast<const float4*>(
+            cluster.map_shared_rank(red, static_cast<unsigned>(r)) + row * kRedStride + c);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const std::size_t at = static_cast<std::size_t>(row) * p.n + col;
+      if (kFusion == Fusion::kRowScale) {
+        const float s = inv_rms[row];
+        sum = make_float4(sum.x * s, sum.y * s, sum.z * s, sum.w * s);
+      }
+      if (p.out_f32) {
+        *reinterpret_cast<float4*>(static_cast<float*>(p.y) + at) = sum;
+      } else {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z, sum.w);
+        uint2 packed;
+        packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(p.y) + at) = packed;
+      }
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its partial
@@ -332,9 +439,9 @@ void count_resident_clusters(int sms) {
   }
 }
 
-template <int kMBlocks>
+template <int kMBlocks, Fusion kFusion = Fusion::kNone>
 void set_smem_limit() {
-  GD_CUDA(cudaFuncSetAttribute(wgmma_gemm_kernel<kMBlocks>,
+  GD_CUDA(cudaFuncSetAttribute(wgmma_gemm_kernel<kMBlocks, kFusion>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                smem_bytes<kMBlocks>()));
 }
@@ -355,6 +462,8 @@ bool wgmma_gemm_available() {
     if (has != 1) return false;
     set_smem_limit<1>();
     set_smem_limit<2>();
+    set_smem_limit<1, Fusion::kResidual>();
+    set_smem_limit<1, Fusion::kRowScale>();
     int sms = 0;
     GD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     count_resident_clusters(sms);
@@ -399,7 +508,7 @@ std::int32_t wgmma_gemm_splits(std::int32_t k, std::int32_t n) {
 }
 
 void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream_t stream,
-                WgmmaEpilogue epilogue) {
+                WgmmaEpilogue epilogue, const WgmmaNormFusion& f) {
   GD_REQUIRE(dev.sm_count > 0, "dev.sm_count", dev.sm_count, "use SkinnyGemmDevice::current()");
   GD_REQUIRE(a.rows >= 1 && a.rows <= kWgmmaGemmMaxRows, "rows", a.rows,
              "the warpgroup GEMM takes 1..128");
@@ -416,8 +525,36 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
                "the SwiGLU epilogue takes W = [gate; up] with a multiple of 64 rows each");
     GD_REQUIRE(!a.out_f32, "out_f32", "true", "the SwiGLU epilogue writes bf16");
   }
+  GD_REQUIRE(!(f.residual_epilogue() && f.row_scale()), "fusion", "both forms",
+             "a GEMM takes the residual epilogue or the row scale, not both");
+  if (f.residual_epilogue()) {
+    GD_REQUIRE(!swiglu && !a.out_f32, "epilogue", swiglu ? "SwiGLU" : "float",
+               "the residual epilogue stores bf16 sums");
+    GD_REQUIRE(a.rows <= 64, "rows", a.rows, "the residual epilogue takes one row block (<= 64)");
+    GD_REQUIRE(a.n % kBN == 0, "n", a.n, "the residual epilogue takes whole 128-column tiles");
+    GD_REQUIRE(aligned16(f.residual) && f.norm_weight != nullptr && aligned16(f.norm_weight) &&
+                   f.weighted != nullptr && aligned16(f.weighted) && f.sum_sq_out != nullptr,
+               "fusion", "residual/norm_weight/weighted/sum_sq_out",
+               "the residual epilogue needs all four, 16-byte aligned");
+  }
+  if (f.row_scale()) {
+    GD_REQUIRE(a.rows <= 64, "rows", a.rows, "the row scale takes one row block (<= 64)");
+    GD_REQUIRE(a.k <= kWgmmaRowScaleMaxK, "k", a.k,
+               "the row scale takes k <= " + std::to_string(kWgmmaRowScaleMaxK));
+    GD_REQUIRE(f.parts >= 1 && f.parts * kBN == a.k, "parts", f.parts,
+               "must be k / 128 (the residual epilogue's tiles over the row)");
+    GD_REQUIRE(f.eps > 0.f, "eps", f.eps, "must be positive");
+  }
   const int m_blocks = a.rows <= 64 ? 1 : 2;
   Params p{};
+  p.residual = f.residual;
+  p.norm_weight = f.norm_weight;
+  p.weighted = f.weighted;
+  p.sum_sq_out = f.sum_sq_out;
+  p.sum_sq_in = f.sum_sq_in;
+  p.parts = f.parts;
+  p.k_f = static_cast<float>(a.k);
+  p.eps = f.eps;
   p.w_map = encode_map(a.w, a.n, a.k, swiglu ? 64 : kBN, "w");
   p.x_map = encode_map(a.x, a.rows, a.k, 64 * m_blocks, "x");
   p.y = a.y;
@@ -432,7 +569,11 @@ void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& a, cudaStream
       dim3(static_cast<unsigned>((a.n + kBN - 1) / kBN), static_cast<unsigned>(splits)),
       dim3(kThreads), m_blocks == 1 ? smem_bytes<1>() : smem_bytes<2>(), stream,
       dim3(1, static_cast<unsigned>(splits)), pdl_enabled(), attr);
-  if (m_blocks == 1)
+  if (f.residual_epilogue())
+    GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<1, Fusion::kResidual>, p));
+  else if (f.row_scale())
+    GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<1, Fusion::kRowScale>, p));
+  else if (m_blocks == 1)
     GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<1>, p));
   else
     GD_CUDA(cudaLaunchKernelEx(&cfg, wgmma_gemm_kernel<2>, p));

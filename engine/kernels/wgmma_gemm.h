@@ -59,8 +59,42 @@ enum class WgmmaEpilogue : std::uint8_t {
   kSwiGlu,
 };
 
-// Validates `args` (graphdecode::Error names the field) and launches on `stream`.
+// A decode layer's RMSNorms without kernels of their own at 9-64 rows (the stream GEMV's
+// StreamGemvFusion does it at <= 8): the GEMM before a norm (o, down) adds its output to the
+// residual stream and leaves the new rows times the norm's weight and their squares; the GEMM after
+// it (qkv, gate_up) multiplies by those rows and scales each row's sums by its inverse RMS:
+//   rmsnorm(x) W^T = inv_rms(x) (x * weight) W^T,
+// so the normed rows are never formed. Why: at 64 rows the two add + norm kernels of a 1B layer
+// cost ~8.5 us for 0.5 MB each (bench/NOTES.md 118), a dependent hop between two GEMMs. The
+// bits differ from the rmsnorm kernel + GEMM's (that path rounds x * inv_rms to bf16 before the
+// weight; this one rounds x * weight and scales the fp32 sums), within fp32 rounding of it.
+// The row scale's longest k (its parts are held in registers; the 8B's hidden is 4096).
+inline constexpr std::int32_t kWgmmaRowScaleMaxK = 4096;
+
+struct WgmmaNormFusion {
+  // Residual epilogue (kStore, bf16, rows <= 64, n a multiple of 128), replacing the store of y:
+  //   residual[r][c] = bf16(residual[r][c] + bf16(sum))  (as rmsnorm's residual add rounds)
+  //   weighted[r][c] = bf16(residual[r][c] * norm_weight[c])
+  //   sum_sq_out[t][r] = sum over tile t's 128 columns c of residual[r][c]^2 (fp32, fixed order)
+  std::uint16_t* residual = nullptr;           // [rows][n] bf16
+  const std::uint16_t* norm_weight = nullptr;  // [n] bf16: the next RMSNorm's weight
+  std::uint16_t* weighted = nullptr;           // [rows][n] bf16
+  float* sum_sq_out = nullptr;                 // [n / 128][rows]
+  // Row-scale epilogue (kStore bf16 or kSwiGlu, rows <= 64, k <= kWgmmaRowScaleMaxK): x is a
+  // residual epilogue's
+  // `weighted` over k = its n, and each row's sums are multiplied by
+  //   inv_rms[r] = rsqrt((sum over p < parts of sum_sq_in[p][r], in p order) / k + eps)
+  // before they are rounded (kSwiGlu: the gate and up sums, each, before the bf16 rounding).
+  const float* sum_sq_in = nullptr;  // [parts][rows]
+  std::int32_t parts = 0;            // k / 128
+  float eps = 1e-5f;
+  bool residual_epilogue() const noexcept { return residual != nullptr; }
+  bool row_scale() const noexcept { return sum_sq_in != nullptr; }
+};
+
+// Validates `args` (graphdecode::Error names the field) and launches on `stream`. A fusion
+// (above) takes one of its two forms, or none.
 void wgmma_gemm(const SkinnyGemmDevice& dev, const SkinnyGemmArgs& args, cudaStream_t stream,
-                WgmmaEpilogue epilogue = WgmmaEpilogue::kStore);
+                WgmmaEpilogue epilogue = WgmmaEpilogue::kStore, const WgmmaNormFusion& fusion = {});
 
 }  // namespace graphdecode

@@ -286,12 +286,12 @@ void expect_logits_near(const HostWeights& w, const std::vector<std::vector<std:
   }
 }
 
-// prompts_for's requests, then short ones up to 7 (3-4 tokens, ids (i mul + at add) % vocab): the
-// stream GEMV's rows past 4.
+// prompts_for's requests, then short ones up to `count` (3-4 tokens, ids (i mul + at add) %
+// vocab): 7 for the stream GEMV's rows past 4, 12 for the warpgroup GEMM's.
 std::vector<std::vector<std::int32_t>> seven_requests(const ModelConfig& config, std::size_t mul,
-                                                      std::size_t add) {
+                                                      std::size_t add, std::size_t count = 7) {
   std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
-  while (seqs.size() < 7) {
+  while (seqs.size() < count) {
     const std::size_t at = seqs.size(), n = 3 + at % 2;
     seqs.emplace_back(n);
     for (std::size_t i = 0; i < n; ++i)
@@ -308,9 +308,10 @@ bool plain_gemm_forced() {
 
 // Three replayed decode steps of every request on `got` and `want` (request p's token at step s:
 // (p mul + s step_mul + add) % vocab): got's logits near want's and float64 (expect_logits_near).
+// `eager_too`: the last step of got_h again, eagerly, bitwise its replay.
 void expect_decode_steps_near(const HostWeights& w, std::vector<std::vector<std::int32_t>> seqs,
                               Harness& got_h, Harness& want_h, std::size_t mul,
-                              std::size_t step_mul, std::size_t add) {
+                              std::size_t step_mul, std::size_t add, bool eager_too = false) {
   std::vector<StepRequest> greq = got_h.prefill(seqs), wreq = want_h.prefill(seqs);
   const std::size_t vocab = static_cast<std::size_t>(w.config.vocab_size);
   for (std::int32_t step = 0; step < 3; ++step) {
@@ -327,6 +328,12 @@ void expect_decode_steps_near(const HostWeights& w, std::vector<std::vector<std:
     ASSERT_EQ(want_h.run(StepMode::kDecode, 1, LogitRows::kLastPerRequest, wreq, ids, want),
               StepPath::kGraph);
     expect_logits_near(w, seqs, got, want, vocab, step);
+    if (eager_too && step == 2) {
+      std::vector<float> eager;
+      ASSERT_TRUE(got_h.rerun_decode_eagerly(greq, ids, eager));
+      ASSERT_EQ(eager.size(), got.size());
+      EXPECT_EQ(std::memcmp(eager.data(), got.data(), got.size() * sizeof(float)), 0);
+    }
   }
 }
 
@@ -347,6 +354,29 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
   // 5-8 rows: the stream GEMV's rows past 4; 62 of max_tokens 64.
   ASSERT_NO_FATAL_FAILURE(
       expect_decode_steps_near(w, seven_requests(config, 41, 7), fused, *unfused, 13, 7, 1));
+}
+
+// Decode steps at 9-64 rows fold each layer's two RMSNorms into the warpgroup GEMMs around them
+// (LlamaModel::fuses_wgmma_norm, WgmmaNormFusion in engine/kernels/wgmma_gemm.h); 12 requests
+// here. Three replayed decode steps: logits within the verify-vs-decode bound of the unfolded
+// model's (GRAPHDECODE_WGMMA_NORM=0: the add + norm kernels) and of float64; the last step again
+// eagerly, bitwise the replay. The verify steps of VerifyStepLogitsForEveryRowEqualFourDecodeSteps
+// (16 rows) take the fold too.
+TEST_F(LlamaModelGpu, WgmmaNormFoldMatchesTheNormKernelsAndFloat64) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  const ModelConfig config = small_test_config();
+  const HostWeights w = synthetic_weights(config, 37);
+  const bool plain = plain_gemm_forced();
+  Harness folded(w, harness_options(16));
+  const std::unique_ptr<Harness> unfolded = harness_with(w, 16, "GRAPHDECODE_WGMMA_NORM", "0");
+  for (std::int32_t rows : {9, 16, 33, 64})
+    EXPECT_EQ(folded.model->fuses_wgmma_norm(rows), !plain) << rows;
+  EXPECT_FALSE(folded.model->fuses_wgmma_norm(8)) << "8 rows: the stream GEMVs' fold";
+  EXPECT_FALSE(unfolded->model->fuses_wgmma_norm(16));
+  std::vector<std::vector<std::int32_t>> seqs = seven_requests(config, 43, 9, 12);
+  seqs[1].resize(6);  // 46 prompt tokens in all: one prefill step of max_tokens 64
+  ASSERT_NO_FATAL_FAILURE(
+      expect_decode_steps_near(w, seqs, folded, *unfolded, 17, 3, 4, /*eager_too=*/true));
 }
 
 // GRAPHDECODE_STREAM_MLP=all (engine/kernels/stream_mlp.h): each decode layer's MLP block runs in

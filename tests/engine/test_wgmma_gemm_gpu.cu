@@ -3,7 +3,8 @@
 // a row's output independent of the other rows (bitwise); graph replay bitwise equal to eager;
 // the SwiGLU epilogue bitwise equal to the GEMM and the swiglu kernel; bad arguments; where Gemm
 // takes it by default (rows 9-64, k up to 8192), a model's bound for wide outputs, and
-// GRAPHDECODE_WGMMA_AUTO's bounds (max_in, min_out; they leave a model's rule out). Fresh random
+// GRAPHDECODE_WGMMA_AUTO's bounds (max_in, min_out; they leave a model's rule out); the norm
+// fusions (the residual epilogue and the row scale) against their definitions. Fresh random
 // data per run (GRAPHDECODE_SEED reproduces). Outputs are poisoned (NaN) with a guard past the end
 // (gemm_check.h): every element written, nothing past it.
 #include <gtest/gtest.h>
@@ -177,6 +178,132 @@ TEST_F(WgmmaGemmGpu, SwiGluEpilogueEqualsGemmThenSwigluBitwise) {
   }
 }
 
+// WgmmaNormFusion (wgmma_gemm.h). The residual epilogue: residual and weighted equal, bit for
+// bit, the fp32 add and product of this GEMM's own bf16 output rounded as the contract says, the
+// squares within fp32 of float64, a guard row past `rows` untouched, every element written. The
+// row scale: bf16 of this GEMM's own fp32 sums times an inverse RMS from the parts (1 ulp of bf16
+// at most, rsqrtf against 1 / sqrt), for kStore and kSwiGlu (silu(g) u from the scaled, rounded
+// g and u). Splits 1-8, rows 1-64, the 1B o and qkv shapes.
+TEST_F(WgmmaGemmGpu, NormFusionsMatchTheirDefinitions) {
+  if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
+  SCOPED_TRACE(seed_note());
+  Rng rng = test_rng();
+  Stream s;
+  const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
+  const auto f32 = [](std::uint16_t b) { return static_cast<float>(reference::bf16_to_float(b)); };
+  std::vector<std::pair<int, int>> shapes{{256, 256}, {512, 384}};  // {k, n}
+  if (!sanitize_mode()) {
+    shapes.push_back({2048, 2048});  // the 1B o projection (splits 8)
+    shapes.push_back({8192, 2048});  // the 1B down projection
+  }
+  for (const auto& [k, n] : shapes) {
+    SCOPED_TRACE("k " + std::to_string(k) + " n " + std::to_string(n) + " splits " +
+                 std::to_string(wgmma_gemm_splits(k, n)));
+    const Bits w = random_bits(rng, static_cast<std::size_t>(n) * k, false);
+    const Bits g = random_bits(rng, static_cast<std::size_t>(n), false);
+    auto dw = to_device(w, s), dg = to_device(g, s);
+    for (int rows : {1, 9, 33, 64}) {
+      SCOPED_TRACE("rows " + std::to_string(rows));
+      const std::size_t cells = static_cast<std::size_t>(rows) * n;
+      const Bits x = random_bits(rng, static_cast<std::size_t>(rows) * k, false);
+      Bits res = random_bits(rng, cells + n, false);  // + a guard row
+      auto dx = to_device(x, s);
+      // The GEMM's own bf16 output: what the epilogue adds.
+      DeviceBuffer<std::uint16_t> dy(cells);
+      wgmma_gemm(dev, {dx.data(), dw.data(), dy.data(), rows, k, n, false}, s);
+      const Bits y = to_host(dy, s);
+      auto dres = to_device(res, s);
+      DeviceBuffer<std::uint16_t> weighted(cells + n);
+      DeviceBuffer<float> sq(static_cast<std::size_t>(n / 128) * rows + 64);
+      weighted.fill_bytes(0xff, s);
+      sq.fill_bytes(0xff, s);
+      WgmmaNormFusion f;
+      f.residual = dres.data();
+      f.norm_weight = dg.data();
+      f.weighted = weighted.data();
+      f.sum_sq_out = sq.data();
+      wgmma_gemm(dev, {dx.data(), dw.data(), dy.data(), rows, k, n, false}, s,
+                 WgmmaEpilogue::kStore, f);
+      const Bits res_got = to_host(dres, s), weighted_got = to_host(weighted, s);
+      const std::vector<float> sq_got = to_host(sq, s);
+      for (std::size_t i = 0; i < cells; ++i) {
+        const std::uint16_t want = reference::float_to_bf16(f32(res[i]) + f32(y[i]));
+        ASSERT_EQ(res_got[i], want) << "residual row " << i / n << " col " << i % n;
+        ASSERT_EQ(weighted_got[i], reference::float_to_bf16(f32(want) * f32(g[i % n])))
+            << "weighted row " << i / n << " col " << i % n;
+      }
+      for (std::size_t i = cells; i < cells + n; ++i) {
+        ASSERT_EQ(res_got[i], res[i]) << "residual guard " << i - cells;
+        ASSERT_EQ(weighted_got[i], 0xffff) << "weighted guard " << i - cells;
+      }
+      for (int t = 0; t < n / 128; ++t)
+        for (int r = 0; r < rows; ++r) {
+          double want = 0;
+          for (int c = t * 128; c < (t + 1) * 128; ++c) {
+            const double v = f32(res_got[static_cast<std::size_t>(r) * n + c]);
+            want += v * v;
+          }
+          const float got = sq_got[static_cast<std::size_t>(t) * rows + r];
+          ASSERT_LE(std::abs(got - want), 1e-5 * want + 1e-30)
+              << "squares tile " << t << " row " << r;
+        }
+      for (std::size_t i = static_cast<std::size_t>(n / 128) * rows; i < sq_got.size(); ++i)
+        ASSERT_TRUE(std::isnan(sq_got[i])) << "squares guard " << i;
+
+      // The row scale over x (here any bf16 rows), parts of k / 128 squares each.
+      if (k > kWgmmaRowScaleMaxK) continue;  // the down projection's k: residual epilogue only
+      const int parts = k / 128;
+      std::vector<float> parts_sq(static_cast<std::size_t>(parts) * rows);
+      std::uniform_real_distribution<float> mag(0.2f, 2.f);
+      for (float& v : parts_sq) v = mag(rng) * 128.f / 3.f;
+      auto dsq = to_device(parts_sq, s);
+      std::vector<double> inv(rows);
+      for (int r = 0; r < rows; ++r) {
+        float ss = 0.f;
+        for (int q = 0; q < parts; ++q) ss += parts_sq[static_cast<std::size_t>(q) * rows + r];
+        inv[r] = 1.0 / std::sqrt(static_cast<double>(ss / static_cast<float>(k) + 1e-5f));
+      }
+      WgmmaNormFusion rs;
+      rs.sum_sq_in = dsq.data();
+      rs.parts = parts;
+      rs.eps = 1e-5f;
+      std::vector<double> sums, scaled;
+      const GemmArgs plain_args{dx.data(), dw.data(), nullptr, rows, k, n, GemmOut::kF32};
+      ASSERT_TRUE(run_wgmma(dev, plain_args, s, sums));
+      ASSERT_TRUE(run_into({dx.data(), dw.data(), nullptr, rows, k, n, GemmOut::kBF16}, s, scaled,
+                           [&](const GemmArgs& a) {
+                             wgmma_gemm(dev, wgmma_args(a), s, WgmmaEpilogue::kStore, rs);
+                           }));
+      for (std::size_t i = 0; i < cells; ++i) {
+        const double want = sums[i] * inv[i / n];
+        ASSERT_LE(std::abs(scaled[i] - want), std::ldexp(std::abs(want), -7) + 1e-30)
+            << "scaled row " << i / n << " col " << i % n << " want " << want;
+      }
+      // kSwiGlu: W = [gate; up] over n / 2 each.
+      const int inter = n / 2;
+      std::vector<double> act;
+      ASSERT_TRUE(run_into(
+          {dx.data(), dw.data(), nullptr, rows, k, inter, GemmOut::kBF16}, s, act,
+          [&](const GemmArgs& a) {
+            wgmma_gemm(dev, {a.x, a.w, a.y, rows, k, n, false}, s, WgmmaEpilogue::kSwiGlu, rs);
+          }));
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < inter; ++j) {
+          const std::size_t at = static_cast<std::size_t>(r) * n + j;
+          const double gs = sums[at] * inv[r], us = sums[at + inter] * inv[r];
+          const double gr = reference::bf16_to_float(reference::float_to_bf16(float(gs)));
+          const double ur = reference::bf16_to_float(reference::float_to_bf16(float(us)));
+          const double want = gr / (1.0 + std::exp(-gr)) * ur;
+          // g and u may round 1 bf16 ulp apart from gr and ur (rsqrtf); silu' <= 1.1.
+          const double tol = std::ldexp(1.1 * std::abs(gs) * std::abs(ur) + std::abs(want), -6) +
+                             std::ldexp(std::abs(gr) * 1.1 * std::abs(us), -7) + 1e-30;
+          ASSERT_LE(std::abs(act[static_cast<std::size_t>(r) * inter + j] - want), tol)
+              << "act row " << r << " col " << j << " want " << want;
+        }
+    }
+  }
+}
+
 TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
   if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
   Stream s;
@@ -196,6 +323,30 @@ TEST_F(WgmmaGemmGpu, BadArgumentsNameTheField) {
   EXPECT_EQ(field({p + 1, p, p, 4, 64, 8, false}), "x");
   EXPECT_EQ(field({p, nullptr, p, 4, 64, 8, false}), "w");
   EXPECT_EQ(field({p, p, nullptr, 4, 64, 8, false}), "y");
+  DeviceBuffer<float> sq(1024);
+  WgmmaNormFusion res;  // the residual epilogue
+  res.residual = p;
+  res.norm_weight = p;
+  res.weighted = p;
+  res.sum_sq_out = sq.data();
+  WgmmaNormFusion scale;  // the row scale
+  scale.sum_sq_in = sq.data();
+  scale.parts = 2;
+  const auto fused_field = [&](SkinnyGemmArgs a, const WgmmaNormFusion& f,
+                               WgmmaEpilogue e = WgmmaEpilogue::kStore) {
+    return field_of([&] { wgmma_gemm(dev, a, s, e, f); });
+  };
+  EXPECT_EQ(fused_field({p, p, p, 65, 256, 128, false}, res), "rows");
+  EXPECT_EQ(fused_field({p, p, p, 4, 256, 136, false}, res), "n");
+  EXPECT_EQ(fused_field({p, p, p, 4, 256, 128, true}, res), "epilogue");
+  EXPECT_EQ(fused_field({p, p, p, 4, 256, 256, false}, res, WgmmaEpilogue::kSwiGlu), "epilogue");
+  res.weighted = nullptr;
+  EXPECT_EQ(fused_field({p, p, p, 4, 256, 128, false}, res), "fusion");
+  EXPECT_EQ(fused_field({p, p, p, 65, 256, 128, false}, scale), "rows");
+  EXPECT_EQ(fused_field({p, p, p, 4, 384, 128, false}, scale), "parts");  // k / 128 = 3
+  EXPECT_EQ(fused_field({p, p, p, 4, 8192, 128, false}, scale), "k");
+  scale.eps = 0.f;
+  EXPECT_EQ(fused_field({p, p, p, 4, 256, 128, false}, scale), "eps");
   EXPECT_FALSE(wgmma_gemm_supported(4, 72, 8));
   EXPECT_FALSE(wgmma_gemm_supported(129, 64, 8));
   EXPECT_TRUE(wgmma_gemm_supported(128, 64, 8));
