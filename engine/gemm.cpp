@@ -179,9 +179,11 @@ bool Gemm::fuses_wgmma_norm(const GemmArgs& a) const noexcept {
 
 void Gemm::run_wgmma_fused(const GemmArgs& a, const WgmmaNormFusion& fusion, bool swiglu,
                            cudaStream_t stream) const {
-  GD_REQUIRE(a.rows > 0 && fuses_wgmma_norm(a) && (!swiglu || fuses_swiglu(a)), "rows", a.rows,
+  GD_REQUIRE(a.rows > 0 && fuses_wgmma_norm(a), "rows", a.rows,
              "the warpgroup GEMM's norm fusions take bf16 outputs, rows 9-64 where it runs, in "
              "and out multiples of 128 (Gemm::fuses_wgmma_norm)");
+  GD_REQUIRE(!swiglu || fuses_swiglu(a), "out", a.out,
+             "the SwiGLU epilogue takes W = [gate; up] with a multiple of 64 rows each");
   wgmma_gemm(skinny_dev_, {a.x, a.w, a.y, a.rows, a.in, a.out, false}, stream,
              swiglu ? WgmmaEpilogue::kSwiGlu : WgmmaEpilogue::kStore, fusion);
 }

@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         if (q < p.parts) ss += part[q];
       inv_rms[row] = rsqrtf(ss / p.k_f + p.eps);
     }
+    __syncwarp();  // warps 0-1 converged again before the .aligned wgmma instructions
   }
 
   float acc[kMBlocks][kNBlocks][8][4] = {};

@@ -72,7 +72,8 @@ enum class WgmmaEpilogue : std::uint8_t {
 inline constexpr std::int32_t kWgmmaRowScaleMaxK = 4096;
 
 struct WgmmaNormFusion {
-  // Residual epilogue (kStore, bf16, rows <= 64, n a multiple of 128), replacing the store of y:
+  // Residual epilogue (kStore, bf16, rows <= 64, n a multiple of 128), replacing the store of y
+  // (y is not written; residual and weighted must not overlap x, which other CTAs still read):
   //   residual[r][c] = bf16(residual[r][c] + bf16(sum))  (as rmsnorm's residual add rounds)
   //   weighted[r][c] = bf16(residual[r][c] * norm_weight[c])
   //   sum_sq_out[t][r] = sum over tile t's 128 columns c of residual[r][c]^2 (fp32, fixed order)

@@ -183,7 +183,7 @@ TEST_F(WgmmaGemmGpu, SwiGluEpilogueEqualsGemmThenSwigluBitwise) {
 // squares within fp32 of float64, a guard row past `rows` untouched, every element written. The
 // row scale: bf16 of this GEMM's own fp32 sums times an inverse RMS from the parts (1 ulp of bf16
 // at most, rsqrtf against 1 / sqrt), for kStore and kSwiGlu (silu(g) u from the scaled, rounded
-// g and u). Splits 1-8, rows 1-64, the 1B o and qkv shapes.
+// g and u). Splits 1-8, rows 1-64; the 1B o and down shapes (the down's k: residual epilogue only).
 TEST_F(WgmmaGemmGpu, NormFusionsMatchTheirDefinitions) {
   if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
   SCOPED_TRACE(seed_note());
