@@ -245,28 +245,25 @@ WgmmaNormFusion LlamaModel::row_scale(std::int32_t k) const {
   return f;
 }
 
-LlamaModel::WgmmaFold LlamaModel::wgmma_fold(std::int32_t rows) const {
+bool LlamaModel::fuses_wgmma_norm(std::int32_t rows) const {
+  if (!wgmma_norm_ || !fuse_norm_ || config_.any_cross() || fuses_input_norm(rows)) return false;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
-  // qkv and gate_up scale rows over k = hidden
-  if (!wgmma_norm_ || !fuse_norm_ || config_.any_cross() || h > kWgmmaRowScaleMaxK ||
-      fuses_input_norm(rows))
-    return {};
+  if (h > kWgmmaRowScaleMaxK) return false;  // qkv and gate_up scale rows over k = hidden
   const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
-  WgmmaFold fold{true, true};
   for (std::int32_t l = 0; l < config_.num_hidden_layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
-    fold.post = fold.post && w.o_bias == nullptr &&
-                gemm_.fuses_wgmma_norm(
-                    {attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}) &&
-                gemm_.fuses_wgmma_norm({normed_.data(), w.gate_up, gate_up_.data(), rows, h,
-                                        2 * inter, GemmOut::kBF16});
-    fold.input =
-        fold.input &&
-        gemm_.fuses_wgmma_norm(
-            {normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}) &&
-        gemm_.fuses_wgmma_norm({act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16});
+    if (w.o_bias != nullptr ||
+        !gemm_.fuses_wgmma_norm(
+            {normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {normed_.data(), w.gate_up, gate_up_.data(), rows, h, 2 * inter, GemmOut::kBF16}) ||
+        !gemm_.fuses_wgmma_norm(
+            {act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16}))
+      return false;
   }
-  return fold;
+  return true;
 }
 
 bool LlamaModel::fuses_mlp_block(std::int32_t rows) const {
@@ -287,7 +284,7 @@ bool LlamaModel::mlp_block_fits(std::int32_t rows) const {
 }
 
 void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, std::int32_t l,
-                                 std::int32_t rows, bool norm_in, bool o_adds, WgmmaFold fold,
+                                 std::int32_t rows, bool norm_in, bool o_adds, bool wgmma_fold,
                                  cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
@@ -303,7 +300,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
     f.eps = static_cast<float>(config_.rms_norm_eps);
     gemm_.run_fused({residual_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16}, f,
                     stream);
-  } else if (fold.input && l > 0) {  // normed_ = residual * input norm weight; rows scaled
+  } else if (wgmma_fold && l > 0) {  // normed_ = residual * input norm weight; rows scaled
     gemm_.run_wgmma_fused({normed_.data(), w.qkv, qkv_.data(), rows, h, qkv_cols, GemmOut::kBF16},
                           row_scale(h), /*swiglu=*/false, stream);
   } else {
@@ -334,7 +331,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
   a.attention->run_planned(a.batch, a.kv, q_.data(), attn_.data(), nullptr, stream,
                            PriorWrites::kQueryAndNewKv);
   const GemmArgs o{attn_.data(), w.o, proj_.data(), rows, config_.q_size(), h, GemmOut::kBF16};
-  if (fold.post) {  // residual_ += o; normed_ = residual * post norm weight; sum_sq_
+  if (wgmma_fold) {  // residual_ += o; normed_ = residual * post norm weight; sum_sq_
     gemm_.run_wgmma_fused(o, residual_epilogue(w.post_norm), /*swiglu=*/false, stream);
     return;
   }
@@ -358,7 +355,7 @@ void LlamaModel::attention_block(const ModelRuntime& rt, const StepMetaView& m, 
 }
 
 void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t rows,
-                           bool add_residual, bool one_grid, WgmmaFold fold, cudaStream_t stream) {
+                           bool add_residual, bool one_grid, bool wgmma_fold, cudaStream_t stream) {
   const DeviceLayerWeights& w = weights_.layer(l);
   const std::int32_t* num_tokens = m.scalars + StepMetaLayout::kNumTokens;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
@@ -389,17 +386,17 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
   }
   // residual += o (tanh(attn_gate) * o on a cross layer's rows with encoder keys);
   // normed = norm(residual). Folded: the o projection added it, normed_ is weighted, not scaled.
-  if (!fold.post) add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
+  if (!wgmma_fold) add_norm(m, w.attn_gate, w.post_norm, rows, /*mlp=*/false, stream);
   const GemmArgs to_act{normed_.data(), w.gate_up, act_.data(), rows, h, 2 * inter, GemmOut::kBF16};
   const GemmArgs to_gate_up{normed_.data(), w.gate_up,     gate_up_.data(), rows, h,
                             2 * inter,      GemmOut::kBF16};
   if (fuse_swiglu_ && rows >= kFuseSwigluMinRows && gemm_.fuses_swiglu(to_act)) {
-    if (fold.post)
+    if (wgmma_fold)
       gemm_.run_wgmma_fused(to_act, row_scale(h), /*swiglu=*/true, stream);
     else
       gemm_.run_swiglu(to_act, stream);  // act = swiglu(gate_up) in the GEMM's epilogue
   } else {
-    if (fold.post)
+    if (wgmma_fold)
       gemm_.run_wgmma_fused(to_gate_up, row_scale(h), /*swiglu=*/false, stream);
     else
       gemm_.run(to_gate_up, stream);
@@ -412,7 +409,7 @@ void LlamaModel::mlp_block(const StepMetaView& m, std::int32_t l, std::int32_t r
     swiglu(s, stream);
   }
   const GemmArgs down{act_.data(), w.down, proj_.data(), rows, inter, h, GemmOut::kBF16};
-  if (add_residual && fold.input) {  // residual_ += down; normed_ for the next layer's qkv
+  if (add_residual && wgmma_fold) {  // residual_ += down; normed_ for the next layer's qkv
     gemm_.run_wgmma_fused(down, residual_epilogue(weights_.layer(l + 1).input_norm),
                           /*swiglu=*/false, stream);
     return;
@@ -450,12 +447,12 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
   const bool one_grid_mlp = fuse && mlp_block_fits(rows);
-  const WgmmaFold fold = fuse ? WgmmaFold{} : wgmma_fold(rows);
+  const bool wgmma_fold = !fuse && fuses_wgmma_norm(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {
       norm(residual_.data(), nullptr, w.input_norm, normed_.data(), num_tokens, rows, h, stream);
-    } else if (!fuse && !fold.input) {  // residual += previous MLP output (gated if that layer
+    } else if (!fuse && !wgmma_fold) {  // residual += previous MLP output (gated if that layer
                                         // was a cross layer)
       add_norm(m, weights_.layer(l - 1).mlp_gate, w.input_norm, rows, /*mlp=*/true, stream);
     }  // fused or folded: layer l - 1's down projection added it; the qkv GEMM norms
@@ -464,11 +461,11 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
     if (is_cross(l)) {
       cross_attention_block(rt, m, l, rows, stream);
     } else {
-      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp, fold,
-                      stream);
+      attention_block(rt, m, l, rows, /*norm_in=*/fuse && l > 0, /*o_adds=*/one_grid_mlp,
+                      wgmma_fold, stream);
     }
-    mlp_block(m, l, rows, /*add_residual=*/(fuse || fold.input) && l + 1 < layers, one_grid_mlp,
-              fold, stream);
+    mlp_block(m, l, rows, /*add_residual=*/(fuse || wgmma_fold) && l + 1 < layers, one_grid_mlp,
+              wgmma_fold, stream);
   }
   // A last cross layer's MLP output is added here, gated and masked; the final norm then takes
   // the residual alone.

@@ -141,18 +141,15 @@ class LlamaModel {
   // GEMV without a bias, and GRAPHDECODE_STREAM_MLP is not 0 (default: rows <= 2, where it was
   // measured ahead; all: up to 8).
   bool fuses_mlp_block(std::int32_t rows) const;
-  // Which of a decode layer's RMSNorms a step of `rows` token rows folds into the warpgroup GEMMs
-  // around them (WgmmaNormFusion, engine/kernels/wgmma_gemm.h; rows 9-64): the GEMM before the
-  // norm adds to residual_ and leaves normed_ = residual * the norm's weight with sum_sq_, the GEMM
-  // after it scales its rows by the inverse RMS. Each norm folds where both its GEMMs take that
-  // GEMM in every layer (the 8B's down runs on cuBLAS at 33-64 rows, so only its post-attention
-  // norm folds). None where fuses_input_norm holds, on cross models, with an o bias (post) or a
-  // hidden past kWgmmaRowScaleMaxK; GRAPHDECODE_WGMMA_NORM=0 when the model was made: none (A/B).
-  struct WgmmaFold {
-    bool post = false;   // post-attention norm: the o projection adds, gate_up scales
-    bool input = false;  // input norm of layers past 0: the down projection adds, qkv scales
-  };
-  WgmmaFold wgmma_fold(std::int32_t rows) const;
+  // True when a step of `rows` token rows folds each layer's two RMSNorms into the warpgroup GEMMs
+  // around them (WgmmaNormFusion, engine/kernels/wgmma_gemm.h; rows 9-64 where every layer's qkv,
+  // o, gate_up and down take that GEMM): the o and down projections add to residual_ and leave
+  // normed_ = residual * the next norm's weight with sum_sq_; qkv and gate_up scale their rows by
+  // the inverse RMS. Both norms or neither: the 8B's post-attention norm alone (its down runs on
+  // cuBLAS at 33-64 rows) made its step 0.5-0.7% slower at B = 48-64 (bench/NOTES.md 141). Not
+  // where fuses_input_norm holds, not on cross models, not with an o bias or a hidden past
+  // kWgmmaRowScaleMaxK; GRAPHDECODE_WGMMA_NORM=0 when the model was made: off (A/B runs).
+  bool fuses_wgmma_norm(std::int32_t rows) const;
   const AttentionLayout& layout() const noexcept { return layout_; }
 
  private:
@@ -160,11 +157,11 @@ class LlamaModel {
   bool mlp_block_fits(std::int32_t rows) const;
   // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
   // o_adds: the o projection adds its output to residual_ and leaves sum_sq_ (fuses_mlp_block).
-  // fold.post (wgmma_fold): the o projection adds to residual_ and leaves normed_ and sum_sq_
-  // for the post-attention norm. fold.input: past layer 0 the qkv GEMM scales its rows (normed_
-  // is then the residual times this layer's input norm weight, from the down projection before).
+  // wgmma_fold (fuses_wgmma_norm): the o projection adds to residual_ and leaves normed_ and
+  // sum_sq_ for the post-attention norm; past layer 0 the qkv GEMM scales its rows (normed_ is
+  // then the residual times this layer's input norm weight, from the down projection before).
   void attention_block(const ModelRuntime& rt, const StepMetaView& meta, std::int32_t layer,
-                       std::int32_t rows, bool norm_in, bool o_adds, WgmmaFold fold,
+                       std::int32_t rows, bool norm_in, bool o_adds, bool wgmma_fold,
                        cudaStream_t stream);
   // Cross layers (engine/llama_cross.cu): q projection, per-head q norm, attention over the
   // encoder keys, o projection into proj_.
@@ -177,12 +174,12 @@ class LlamaModel {
                 std::int32_t rows, bool mlp, cudaStream_t stream);
   // add_residual: the down projection adds its output to residual_ and leaves sum_sq_ for the
   // next layer's qkv GEMV (fuses_input_norm). one_grid: the block in one kernel
-  // (fuses_mlp_block; the o projection added its output to residual_ already). fold.post
-  // (wgmma_fold): no add + norm kernel, gate_up scales its rows. fold.input with add_residual:
-  // the down projection leaves normed_ and sum_sq_ for the next layer's input norm.
+  // (fuses_mlp_block; the o projection added its output to residual_ already). wgmma_fold
+  // (fuses_wgmma_norm): no add + norm kernel, gate_up scales its rows, and with add_residual the
+  // down projection leaves normed_ and sum_sq_ for the next layer's input norm.
   void mlp_block(const StepMetaView& meta, std::int32_t layer, std::int32_t rows, bool add_residual,
-                 bool one_grid, WgmmaFold fold, cudaStream_t stream);
-  // WgmmaNormFusion's two forms over residual_, normed_ and sum_sq_ (wgmma_fold): the o or
+                 bool one_grid, bool wgmma_fold, cudaStream_t stream);
+  // WgmmaNormFusion's two forms over residual_, normed_ and sum_sq_ (fuses_wgmma_norm): the o or
   // down projection's epilogue with the next norm's weight, and the row scale of a GEMM over k.
   WgmmaNormFusion residual_epilogue(const std::uint16_t* next_norm_weight);
   WgmmaNormFusion row_scale(std::int32_t k) const;
@@ -218,7 +215,7 @@ class LlamaModel {
   // [stream_gemv_parts(hidden)][kSkinnyMaxRows] float: the down projection's per-CTA sums of
   // squares of the residual rows, read by the next qkv GEMV (fuses_input_norm); with
   // fuses_mlp_block also the o projection's, read by the MLP block's norm. Under
-  // wgmma_fold: [hidden / 128][rows] (at most 64 rows), the o and down projections' tiles'.
+  // fuses_wgmma_norm: [hidden / 128][rows] (at most 64 rows), the o and down projections' tiles'.
   DeviceBuffer<float> sum_sq_;
   // [layers][kStreamMlpSyncWords] each layer's MLP block's grid words (zeroed once)
   DeviceBuffer<std::uint32_t> mlp_sync_;

@@ -360,15 +360,15 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
 }
 
 // Decode steps at 9-64 rows fold each layer's two RMSNorms into the warpgroup GEMMs around them
-// (LlamaModel::wgmma_fold, WgmmaNormFusion in engine/kernels/wgmma_gemm.h); 12 requests here, the
-// norm weights moved off 1 (each layer's own, so a weight of the wrong norm or layer shows). Three
-// replayed decode steps: logits within the verify-vs-decode bound of the unfolded model's
-// (GRAPHDECODE_WGMMA_NORM=0: the add + norm kernels) and of float64; the last step again eagerly,
-// bitwise the replay. Then each norm alone: the post-attention norm as on the 8B (its down on
-// cuBLAS; here GRAPHDECODE_WGMMA_AUTO's max_in 256 puts the down's k 512 there), and the input
-// norm (max_out 512 puts gate_up's 1024 outputs on cuBLAS). The SwiGLU epilogue with the row
-// scale runs in the 64-row prefill, whose K/V the decode steps read; the verify steps of
-// VerifyStepLogitsForEveryRowEqualFourDecodeSteps (16 rows) take the fold too.
+// (LlamaModel::fuses_wgmma_norm, WgmmaNormFusion in engine/kernels/wgmma_gemm.h); 12 requests
+// here, the norm weights moved off 1 (each layer's own, so a weight of the wrong norm or layer
+// shows). Three replayed decode steps: logits within the verify-vs-decode bound of the unfolded
+// model's (GRAPHDECODE_WGMMA_NORM=0: the add + norm kernels) and of float64; the last step again
+// eagerly, bitwise the replay. The SwiGLU epilogue with the row scale runs in the 64-row prefill,
+// whose K/V the decode steps read; the verify steps of
+// VerifyStepLogitsForEveryRowEqualFourDecodeSteps (16 rows) take the fold too. With the down
+// projection on cuBLAS (as the 8B's at 33-64 rows; here GRAPHDECODE_WGMMA_AUTO's max_in 256
+// puts the down's k 512 there) nothing folds.
 TEST_F(LlamaModelGpu, WgmmaNormFoldMatchesTheNormKernelsAndFloat64) {
   if (!wgmma_gemm_available()) GTEST_SKIP() << "no sm_90a device code for this GPU";
   const ModelConfig config = small_test_config();
@@ -383,33 +383,19 @@ TEST_F(LlamaModelGpu, WgmmaNormFoldMatchesTheNormKernelsAndFloat64) {
   const bool plain = plain_gemm_forced();
   std::vector<std::vector<std::int32_t>> seqs = seven_requests(config, 43, 9, 12);
   seqs[1].resize(6);  // 46 prompt tokens in all: one prefill step of max_tokens 64
+  Harness folded(w, harness_options(16));
+  const std::unique_ptr<Harness> unfolded = harness_with(w, 16, "GRAPHDECODE_WGMMA_NORM", "0");
+  for (std::int32_t rows : {9, 16, 33, 64})
+    EXPECT_EQ(folded.model->fuses_wgmma_norm(rows), !plain) << rows;
+  EXPECT_FALSE(folded.model->fuses_wgmma_norm(8)) << "8 rows: the stream GEMVs' fold";
+  EXPECT_FALSE(unfolded->model->fuses_wgmma_norm(16));
   {
-    Harness folded(w, harness_options(16));
-    const std::unique_ptr<Harness> unfolded = harness_with(w, 16, "GRAPHDECODE_WGMMA_NORM", "0");
-    for (std::int32_t rows : {9, 16, 33, 64}) {
-      EXPECT_EQ(folded.model->wgmma_fold(rows).post, !plain) << rows;
-      EXPECT_EQ(folded.model->wgmma_fold(rows).input, !plain) << rows;
-    }
-    EXPECT_FALSE(folded.model->wgmma_fold(8).post) << "8 rows: the stream GEMVs' fold";
-    EXPECT_FALSE(unfolded->model->wgmma_fold(16).post);
-    EXPECT_FALSE(unfolded->model->wgmma_fold(16).input);
-    ASSERT_NO_FATAL_FAILURE(
-        expect_decode_steps_near(w, seqs, folded, *unfolded, 17, 3, 4, /*eager_too=*/true));
+    const std::unique_ptr<Harness> down_on_cublas =
+        harness_with(w, 16, "GRAPHDECODE_WGMMA_AUTO", "9,64,65536,256");
+    EXPECT_FALSE(down_on_cublas->model->fuses_wgmma_norm(16));
   }
-  struct OneNorm {
-    const char* bounds;  // GRAPHDECODE_WGMMA_AUTO
-    bool post;           // true: the post-attention norm folds, false: the input norm
-  };
-  for (const OneNorm& c : {OneNorm{"9,64,65536,256", true}, OneNorm{"9,64,512", false}}) {
-    SCOPED_TRACE(c.bounds);
-    const testing::ScopedEnv routing("GRAPHDECODE_WGMMA_AUTO", c.bounds);
-    Harness one(w, harness_options(16));
-    const std::unique_ptr<Harness> unfolded = harness_with(w, 16, "GRAPHDECODE_WGMMA_NORM", "0");
-    EXPECT_EQ(one.model->wgmma_fold(16).post, !plain && c.post);
-    EXPECT_EQ(one.model->wgmma_fold(16).input, !plain && !c.post);
-    ASSERT_NO_FATAL_FAILURE(
-        expect_decode_steps_near(w, seqs, one, *unfolded, 19, 5, 6, /*eager_too=*/true));
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      expect_decode_steps_near(w, seqs, folded, *unfolded, 17, 3, 4, /*eager_too=*/true));
 }
 
 // GRAPHDECODE_STREAM_MLP=all (engine/kernels/stream_mlp.h): each decode layer's MLP block runs in
