@@ -87,9 +87,9 @@ struct Params {
   float k_f, eps;  // k as a float (the row scale divides by it, as rmsnorm does)
 };
 
+constexpr int kRowScaleMaxParts = kWgmmaRowScaleMaxK / kBN;  // registers of one row's parts
 // The residual epilogue's rows a thread visits: warp w takes rows r0 + w, r0 + w + 5, .. of at
 // most 64 (one row block, splits 1), so 13 a thread at most; each thread keeps its 4 columns.
-constexpr int kRowScaleMaxParts = kWgmmaRowScaleMaxK / kBN;  // registers of one row's parts
 constexpr int kResidualVisits = (64 + kThreads / 32 - 1) / (kThreads / 32);
 
 __device__ int g_wgmma_probe;
@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
   // Row scale: each of this CTA's rows' inverse RMS from the squares the GEMM before left (after
   // the wait; the loads overlap the first stage's x copy, and all of a row's parts are loaded
-  // before any is added: one round trip, where a loop of dependent adds took one per part, ~10
-  // us at 16 parts, t216). Thread i sums row r0 + i's parts in p order: the same value in every
-  // CTA that reads the row.
+  // before any is added: one round trip, not one per part, which held the consumers for several
+  // us; bench/NOTES.md 141). Thread i sums row r0 + i's parts in p order: the same value in
+  // every CTA that reads the row.
   const int live = min(p.rows, kRows);
   const int r0 = split * live / splits, r1 = (split + 1) * live / splits;
   __shared__ float inv_rms[kRows];

@@ -59,6 +59,9 @@ enum class WgmmaEpilogue : std::uint8_t {
   kSwiGlu,
 };
 
+// The row scale's longest k (a row's parts are held in registers; the 8B's hidden is 4096).
+inline constexpr std::int32_t kWgmmaRowScaleMaxK = 4096;
+
 // A decode layer's RMSNorms without kernels of their own at 9-64 rows (the stream GEMV's
 // StreamGemvFusion does it at <= 8): the GEMM before a norm (o, down) adds its output to the
 // residual stream and leaves the new rows times the norm's weight and their squares; the GEMM after
@@ -68,9 +71,6 @@ enum class WgmmaEpilogue : std::uint8_t {
 // cost ~8.5 us for 0.5 MB each (bench/NOTES.md 118), a dependent hop between two GEMMs. The
 // bits differ from the rmsnorm kernel + GEMM's (that path rounds x * inv_rms to bf16 before the
 // weight; this one rounds x * weight and scales the fp32 sums), within fp32 rounding of it.
-// The row scale's longest k (its parts are held in registers; the 8B's hidden is 4096).
-inline constexpr std::int32_t kWgmmaRowScaleMaxK = 4096;
-
 struct WgmmaNormFusion {
   // Residual epilogue (kStore, bf16, rows <= 64, n a multiple of 128), replacing the store of y
   // (y is not written; residual and weighted must not overlap x, which other CTAs still read):
@@ -82,8 +82,8 @@ struct WgmmaNormFusion {
   std::uint16_t* weighted = nullptr;           // [rows][n] bf16
   float* sum_sq_out = nullptr;                 // [n / 128][rows]
   // Row-scale epilogue (kStore bf16 or kSwiGlu, rows <= 64, k <= kWgmmaRowScaleMaxK): x is a
-  // residual epilogue's
-  // `weighted` over k = its n, and each row's sums are multiplied by
+  // residual epilogue's `weighted` over k = its n (the same rows), and each row's sums are
+  // multiplied by
   //   inv_rms[r] = rsqrt((sum over p < parts of sum_sq_in[p][r], in p order) / k + eps)
   // before they are rounded (kSwiGlu: the gate and up sums, each, before the bf16 rounding).
   const float* sum_sq_in = nullptr;  // [parts][rows]

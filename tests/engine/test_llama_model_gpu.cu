@@ -291,7 +291,7 @@ void expect_logits_near(const HostWeights& w, const std::vector<std::vector<std:
 
 // prompts_for's requests, then short ones up to `count` (3-4 tokens, ids (i mul + at add) %
 // vocab): 7 for the stream GEMV's rows past 4, 12 for the warpgroup GEMM's.
-std::vector<std::vector<std::int32_t>> seven_requests(const ModelConfig& config, std::size_t mul,
+std::vector<std::vector<std::int32_t>> short_requests(const ModelConfig& config, std::size_t mul,
                                                       std::size_t add, std::size_t count = 7) {
   std::vector<std::vector<std::int32_t>> seqs = prompts_for(config);
   while (seqs.size() < count) {
@@ -356,7 +356,7 @@ TEST_F(LlamaModelGpu, FusedInputNormMatchesTheRmsnormKernelAndFloat64) {
   EXPECT_FALSE(unfused->model->fuses_input_norm(4));
   // 5-8 rows: the stream GEMV's rows past 4; 62 of max_tokens 64.
   ASSERT_NO_FATAL_FAILURE(
-      expect_decode_steps_near(w, seven_requests(config, 41, 7), fused, *unfused, 13, 7, 1));
+      expect_decode_steps_near(w, short_requests(config, 41, 7), fused, *unfused, 13, 7, 1));
 }
 
 // Decode steps at 9-64 rows fold each layer's two RMSNorms into the warpgroup GEMMs around them
@@ -381,7 +381,7 @@ TEST_F(LlamaModelGpu, WgmmaNormFoldMatchesTheNormKernelsAndFloat64) {
           static_cast<float>(0.75 + 0.5 * static_cast<double>((i * 131 + salt) % 97) / 96.0));
   }
   const bool plain = plain_gemm_forced();
-  std::vector<std::vector<std::int32_t>> seqs = seven_requests(config, 43, 9, 12);
+  std::vector<std::vector<std::int32_t>> seqs = short_requests(config, 43, 9, 12);
   seqs[1].resize(6);  // 46 prompt tokens in all: one prefill step of max_tokens 64
   Harness folded(w, harness_options(16));
   const std::unique_ptr<Harness> unfolded = harness_with(w, 16, "GRAPHDECODE_WGMMA_NORM", "0");
@@ -418,7 +418,7 @@ TEST_F(LlamaModelGpu, MlpBlockInOneGridMatchesTheFourKernelsAndFloat64) {
     }
   }
   ASSERT_NO_FATAL_FAILURE(
-      expect_decode_steps_near(w, seven_requests(config, 37, 5), *one_grid, *four, 11, 5, 2));
+      expect_decode_steps_near(w, short_requests(config, 37, 5), *one_grid, *four, 11, 5, 2));
   std::int32_t flag = -1;  // no grid barrier timed out (kStreamMlpStallBit)
   GD_CUDA(
       cudaMemcpy(&flag, one_grid->model->bad_token_flag(), sizeof(flag), cudaMemcpyDeviceToHost));
