@@ -173,8 +173,8 @@ void Gemm::run_fused(const GemmArgs& a, const StreamGemvFusion& fusion, cudaStre
 }
 
 bool Gemm::fuses_wgmma_norm(const GemmArgs& a) const noexcept {
-  return a.out_type == GemmOut::kBF16 && a.rows <= 64 && a.in % 128 == 0 && a.out % 128 == 0 &&
-         uses_wgmma(a);
+  return a.out_type == GemmOut::kBF16 && a.rows <= kWgmmaNormMaxRows &&
+         a.in % kWgmmaNormPart == 0 && a.out % kWgmmaNormPart == 0 && uses_wgmma(a);
 }
 
 void Gemm::run_wgmma_fused(const GemmArgs& a, const WgmmaNormFusion& fusion, bool swiglu,

@@ -27,9 +27,6 @@ constexpr std::int32_t kWgmmaNarrowHidden = 2048;
 constexpr std::int32_t kWgmmaWideMinRows = 33;
 constexpr std::int32_t kWgmmaWideOutMinRows = 32;
 constexpr std::int32_t kFuseSwigluMinRows = 17;
-// WgmmaNormFusion's bounds (engine/kernels/wgmma_gemm.h): one row block, 128-column tiles.
-constexpr std::size_t kWgmmaNormMaxRows = 64;
-constexpr std::size_t kWgmmaNormTile = 128;
 
 unsigned blocks_for(std::int64_t items) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, (items + kThreads - 1) / kThreads));
@@ -109,7 +106,7 @@ LlamaModel::LlamaModel(const HostWeights& weights, const RuntimeOptions& options
   act_ = DeviceBuffer<std::uint16_t>(t * inter);
   sum_sq_ = DeviceBuffer<float>(std::max(
       static_cast<std::size_t>(gemm_.stream_gemv_parts(config_.hidden_size)) * kSkinnyMaxRows,
-      h / kWgmmaNormTile * std::min<std::size_t>(t, kWgmmaNormMaxRows)));
+      h / kWgmmaNormPart * std::min<std::size_t>(t, kWgmmaNormMaxRows)));
   if (const char* fuse = std::getenv("GRAPHDECODE_FUSE_NORM"))
     fuse_norm_ = std::strcmp(fuse, "0") != 0;
   if (const char* fold = std::getenv("GRAPHDECODE_WGMMA_NORM"))
@@ -240,7 +237,7 @@ WgmmaNormFusion LlamaModel::residual_epilogue(const std::uint16_t* next_norm_wei
 WgmmaNormFusion LlamaModel::row_scale(std::int32_t k) const {
   WgmmaNormFusion f;
   f.sum_sq_in = sum_sq_.data();
-  f.parts = k / static_cast<std::int32_t>(kWgmmaNormTile);
+  f.parts = k / kWgmmaNormPart;
   f.eps = static_cast<float>(config_.rms_norm_eps);
   return f;
 }

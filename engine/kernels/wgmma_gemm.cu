@@ -87,6 +87,7 @@ struct Params {
   float k_f, eps;  // k as a float (the row scale divides by it, as rmsnorm does)
 };
 
+static_assert(kWgmmaNormPart == kBN && kWgmmaNormMaxRows == 64, "a CTA's tile, one row block");
 constexpr int kRowScaleMaxParts = kWgmmaRowScaleMaxK / kBN;  // registers of one row's parts
 // The residual epilogue's rows a thread visits: warp w takes rows r0 + w, r0 + w + 5, .. of at
 // most 64 (one row block, splits 1), so 13 a thread at most; each thread keeps its 4 columns.

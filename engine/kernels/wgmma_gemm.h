@@ -59,7 +59,11 @@ enum class WgmmaEpilogue : std::uint8_t {
   kSwiGlu,
 };
 
-// The row scale's longest k (a row's parts are held in registers; the 8B's hidden is 4096).
+// The norm fusions' bounds: one 64-row block; the residual epilogue's squares come in parts of
+// 128 columns (a CTA's tile); the row scale's longest k (a row's parts are held in registers; the
+// 8B's hidden is 4096).
+inline constexpr std::int32_t kWgmmaNormMaxRows = 64;
+inline constexpr std::int32_t kWgmmaNormPart = 128;
 inline constexpr std::int32_t kWgmmaRowScaleMaxK = 4096;
 
 // A decode layer's RMSNorms without kernels of their own at 9-64 rows (the stream GEMV's
