@@ -243,7 +243,11 @@ WgmmaNormFusion LlamaModel::row_scale(std::int32_t k) const {
 }
 
 bool LlamaModel::fuses_wgmma_norm(std::int32_t rows) const {
-  if (!wgmma_norm_ || !fuse_norm_ || config_.any_cross() || fuses_input_norm(rows)) return false;
+  return !fuses_input_norm(rows) && wgmma_norm_fits(rows);
+}
+
+bool LlamaModel::wgmma_norm_fits(std::int32_t rows) const {
+  if (!wgmma_norm_ || !fuse_norm_ || config_.any_cross()) return false;
   const std::int32_t h = config_.hidden_size, inter = config_.intermediate_size;
   if (h > kWgmmaRowScaleMaxK) return false;  // qkv and gate_up scale rows over k = hidden
   const std::int32_t qkv_cols = config_.q_size() + 2 * config_.kv_size();
@@ -444,7 +448,7 @@ void LlamaModel::forward(const ModelRuntime& rt, const StepMetaView& m, const St
   const auto layers = static_cast<std::int32_t>(layout_.layers.size());
   const bool fuse = fuses_input_norm(rows);
   const bool one_grid_mlp = fuse && mlp_block_fits(rows);
-  const bool wgmma_fold = !fuse && fuses_wgmma_norm(rows);
+  const bool wgmma_fold = !fuse && wgmma_norm_fits(rows);
   for (std::int32_t l = 0; l < layers; ++l) {
     const DeviceLayerWeights& w = weights_.layer(l);
     if (l == 0) {

@@ -155,6 +155,8 @@ class LlamaModel {
  private:
   // fuses_mlp_block's own conditions, past fuses_input_norm (forward has that one already).
   bool mlp_block_fits(std::int32_t rows) const;
+  // fuses_wgmma_norm's own conditions, past fuses_input_norm (forward has that one already).
+  bool wgmma_norm_fits(std::int32_t rows) const;
   // norm_in: x = the residual stream, normed inside the qkv GEMV (fuses_input_norm).
   // o_adds: the o projection adds its output to residual_ and leaves sum_sq_ (fuses_mlp_block).
   // wgmma_fold (fuses_wgmma_norm): the o projection adds to residual_ and leaves normed_ and

@@ -190,7 +190,7 @@ TEST_F(WgmmaGemmGpu, NormFusionsMatchTheirDefinitions) {
   Rng rng = test_rng();
   Stream s;
   const SkinnyGemmDevice dev = SkinnyGemmDevice::current();
-  const auto f32 = [](std::uint16_t b) { return static_cast<float>(reference::bf16_to_float(b)); };
+  const auto f32 = reference::bf16_to_float;
   std::vector<std::pair<int, int>> shapes{{256, 256}, {512, 384}};  // {k, n}
   if (!sanitize_mode()) {
     shapes.push_back({2048, 2048});  // the 1B o projection (splits 8)
